@@ -1,0 +1,346 @@
+"""A real Kubernetes control plane on 127.0.0.1, started from binaries in the local cache.
+
+Tests of an operator prove little against a mocked API, and there is no container runtime here for kind. So,
+as controller-runtime's envtest does, this module runs the real etcd, kube-apiserver and
+kube-controller-manager as local processes on free loopback ports in a temporary directory. Admission, CEL
+validation, the Job controller, owner garbage collection and TTL cleanup are therefore the real ones.
+There is no kubelet: `asyncrl.testing.podrunner` plays that part.
+
+The binaries come from `scripts/provision-k8s.sh`, which builds them into
+`~/.cache/asyncrl/k8s/<version>/bin`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_K8S_VERSION = "1.36.3"
+REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+# The controllers our operator relies on; everything else (scheduler, kubelet, node lifecycle) is absent.
+CONTROLLERS = (
+    "job-controller",
+    "garbage-collector-controller",
+    "ttl-after-finished-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+)
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+PROVISION_HINT = "run scripts/provision-k8s.sh (or set ASYNCRL_K8S_BIN_DIR to a folder holding them)"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be provisioned or started; the message says which part and why."""
+
+
+def default_bin_dir() -> Path:
+    """Where `scripts/provision-k8s.sh` puts the binaries, honouring the same environment variables."""
+    explicit = os.environ.get("ASYNCRL_K8S_BIN_DIR")
+    if explicit:
+        return Path(explicit)
+    cache = Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
+    version = os.environ.get("ASYNCRL_K8S_VERSION", DEFAULT_K8S_VERSION).removeprefix("v")
+    return cache / "k8s" / f"v{version}" / "bin"
+
+
+def missing_binaries(bin_dir: Path) -> list[str]:
+    return [name for name in REQUIRED_BINARIES if not os.access(bin_dir / name, os.X_OK)]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def _write_service_account_key(path: Path) -> None:
+    # Imported here so that modules which only need the paths do not need the dev extra.
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+@dataclass
+class _Component:
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("wb")
+        try:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def stop(self, grace_seconds: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=grace_seconds)
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager on loopback; use as a context manager.
+
+    After `start()`, `kubeconfig` is a file with an admin identity (a static token in `system:masters`),
+    `server` the API URL and `token` the bearer token.
+    """
+
+    bin_dir: Path = field(default_factory=default_bin_dir)
+    work_dir: Path | None = None
+    start_timeout_seconds: float = 120.0
+    controllers: tuple[str, ...] = CONTROLLERS
+    server: str = ""
+    token: str = ""
+    kubeconfig: Path = Path()
+    _components: list[_Component] = field(default_factory=list)
+    _owns_work_dir: bool = False
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def log_paths(self) -> dict[str, Path]:
+        return {component.name: component.log_path for component in self._components}
+
+    def start(self) -> None:
+        missing = missing_binaries(self.bin_dir)
+        if missing:
+            raise ControlPlaneError(f"missing {', '.join(missing)} in {self.bin_dir}: {PROVISION_HINT}")
+        if self.work_dir is None:
+            self.work_dir = Path(tempfile.mkdtemp(prefix="asyncrl-k8s-"))
+            self._owns_work_dir = True
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_etcd()
+            self._start_apiserver()
+            self._write_kubeconfig()
+            self._start_controller_manager()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("control plane ready at %s (work dir %s)", self.server, self.work_dir)
+
+    def stop(self) -> None:
+        for component in reversed(self._components):
+            component.stop()
+        if (
+            self._owns_work_dir
+            and self.work_dir is not None
+            and not os.environ.get("ASYNCRL_KEEP_CONTROL_PLANE")
+        ):
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def describe_failure(self) -> str:
+        """The tail of each component's log, for a failed start or a failing test."""
+        parts = []
+        for component in self._components:
+            code = component.exited()
+            state = "running" if code is None else f"exited with {code}"
+            parts.append(
+                f"--- {component.name} ({state}), {component.log_path}:\n{_tail(component.log_path)}"
+            )
+        return "\n".join(parts)
+
+    # -- components ---------------------------------------------------------------------------------------
+
+    def _launch(self, name: str, argv: list[str]) -> _Component:
+        assert self.work_dir is not None
+        component = _Component(name=name, argv=argv, log_path=self.work_dir / f"{name}.log")
+        self._components.append(component)
+        component.start()
+        return component
+
+    def _start_etcd(self) -> None:
+        assert self.work_dir is not None
+        client_url = f"http://127.0.0.1:{free_port()}"
+        peer_url = f"http://127.0.0.1:{free_port()}"
+        etcd = self._launch(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                f"--data-dir={self.work_dir / 'etcd'}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        self._etcd_url = client_url
+        self._wait_until(etcd, "etcd /health", lambda: self._http_ok(f"{client_url}/health"))
+
+    def _start_apiserver(self) -> None:
+        assert self.work_dir is not None
+        cert_dir = self.work_dir / "pki"
+        cert_dir.mkdir(exist_ok=True)
+        sa_key = cert_dir / "service-account.key"
+        _write_service_account_key(sa_key)
+        self.token = secrets.token_hex(24)
+        tokens = cert_dir / "tokens.csv"
+        tokens.write_text(f'{self.token},asyncrl-admin,asyncrl-admin,"system:masters"\n')
+        tokens.chmod(0o600)
+        port = free_port()
+        self.server = f"https://127.0.0.1:{port}"
+        apiserver = self._launch(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers={self._etcd_url}",
+                f"--cert-dir={cert_dir}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--service-account-key-file={sa_key}",
+                f"--service-account-signing-key-file={sa_key}",
+                f"--service-account-issuer={self.server}",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=RBAC",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--allow-privileged=true",
+                # There is no kubelet to mount service-account tokens, so the admission plugin that adds the
+                # token volume is off; tests that need an identity request a token explicitly.
+                "--disable-admission-plugins=ServiceAccount",
+                "--enable-priority-and-fairness=false",
+                "--storage-backend=etcd3",
+                "--v=1",
+            ],
+        )
+        self._wait_until(apiserver, "kube-apiserver /readyz", lambda: self._http_ok(f"{self.server}/readyz"))
+
+    def _write_kubeconfig(self) -> None:
+        assert self.work_dir is not None
+        ca = self.work_dir / "pki" / "apiserver.crt"
+        self.kubeconfig = self.work_dir / "kubeconfig"
+        self.kubeconfig.write_text(
+            "apiVersion: v1\n"
+            "kind: Config\n"
+            "clusters:\n"
+            f"- name: local\n  cluster:\n    server: {self.server}\n    certificate-authority: {ca}\n"
+            "users:\n"
+            f"- name: admin\n  user:\n    token: {self.token}\n"
+            "contexts:\n"
+            "- name: local\n  context:\n    cluster: local\n    user: admin\n    namespace: default\n"
+            "current-context: local\n"
+        )
+        self.kubeconfig.chmod(0o600)
+
+    def _start_controller_manager(self) -> None:
+        assert self.work_dir is not None
+        port = free_port()
+        manager = self._launch(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--controllers={','.join(self.controllers)}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.work_dir / 'pki-controller-manager'}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--concurrent-job-syncs=10",
+                "--concurrent-gc-syncs=10",
+                "--v=1",
+            ],
+        )
+        self._wait_until(
+            manager,
+            "kube-controller-manager /healthz",
+            lambda: self._http_ok(f"https://127.0.0.1:{port}/healthz"),
+        )
+
+    # -- helpers ------------------------------------------------------------------------------------------
+
+    def _http_ok(self, url: str) -> bool:
+        request = urllib.request.Request(url)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        context = ssl.create_default_context()
+        # Readiness only: the serving certificates are generated at start and checked by the kubeconfig CA.
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            with urllib.request.urlopen(request, timeout=2, context=context) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait_until(self, component: _Component, what: str, check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self.start_timeout_seconds
+        while time.monotonic() < deadline:
+            code = component.exited()
+            if code is not None:
+                raise ControlPlaneError(
+                    f"{component.name} exited with {code} before {what}:\n{self.describe_failure()}"
+                )
+            if check():
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"{what} not ready after {self.start_timeout_seconds:.0f}s:\n{self.describe_failure()}"
+        )
