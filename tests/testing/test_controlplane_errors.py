@@ -66,6 +66,8 @@ def test_provisioning_without_go_names_what_is_missing(tmp_path: Path) -> None:
         "ASYNCRL_K8S_BIN_DIR": str(tmp_path / "bin"),
         "ASYNCRL_CACHE_DIR": str(tmp_path / "cache"),
     }
-    result = subprocess.run([str(tools / "bash"), str(SCRIPT)], env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [str(tools / "bash"), str(SCRIPT)], env=env, capture_output=True, text=True, check=False
+    )
     assert result.returncode != 0
     assert "Go is not installed" in result.stderr
