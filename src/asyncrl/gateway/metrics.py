@@ -1,0 +1,58 @@
+"""Prometheus metrics of one gateway (its own registry, so several gateways can live in one test process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from asyncrl.rollouts import RolloutState
+
+
+class _RolloutStateCollector(Collector):
+    def __init__(self, counts: Callable[[], dict[RolloutState, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "asyncrl_gateway_rollouts", "Rollouts in the store by state.", labels=["state"]
+        )
+        for state, count in self._counts().items():
+            family.add_metric([state.value], count)
+        yield family
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "asyncrl_gateway_requests",
+            "Requests by route and status code.",
+            ["route", "code"],
+            registry=self.registry,
+        )
+        self.proxy_latency = Histogram(
+            "asyncrl_gateway_proxy_latency_seconds",
+            "Latency of proxied model calls, upstream included.",
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )
+        self.inflight = Gauge("asyncrl_gateway_inflight", "Model calls in flight.", registry=self.registry)
+        self.paused = Gauge(
+            "asyncrl_gateway_paused", "1 while the gateway is paused.", registry=self.registry
+        )
+        self.rejected_paused = Counter(
+            "asyncrl_gateway_paused_rejections",
+            "Model calls answered 429 while paused.",
+            registry=self.registry,
+        )
+        self.drain_seconds = Gauge(
+            "asyncrl_gateway_last_drain_seconds",
+            "Duration of the last pause's drain.",
+            registry=self.registry,
+        )
+
+    def watch_rollouts(self, counts: Callable[[], dict[RolloutState, int]]) -> None:
+        self.registry.register(_RolloutStateCollector(counts))

@@ -1,0 +1,110 @@
+"""Wire models of the gateway's store API (requests and responses), shared with the typed client."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from asyncrl.rollouts import RolloutState
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
+Mode = Literal["train", "val"]
+
+
+class RolloutCreate(BaseModel):
+    """One rollout to enqueue. `rollout_id` is the caller's, so creating it twice is harmless."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: str = Field(pattern=ID_PATTERN)
+    group_id: str = Field(pattern=ID_PATTERN)
+    step: int = Field(ge=0, description="Training step the rollout's group was enqueued in.")
+    input: Any = Field(default=None, description="The dataset row the agent works on.")
+    timeout_seconds: float | None = Field(default=None, gt=0, description="Running longer → timed_out.")
+    mode: Mode = "train"
+
+
+class RolloutView(BaseModel):
+    rollout_id: str
+    group_id: str
+    step: int
+    input: Any
+    mode: Mode
+    state: RolloutState
+    attempt_id: str | None
+    timeout_seconds: float | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    reward: float | None
+    message: str | None
+    n_model_calls: int
+
+
+class Transition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    state: RolloutState
+    message: str | None = Field(default=None, max_length=4096)
+    attempt_id: str | None = Field(default=None, pattern=ID_PATTERN)
+
+
+class ClaimRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=50, ge=1, le=1000)
+    wait_seconds: float = Field(default=30.0, ge=0, le=300)
+    lease_seconds: float = Field(default=120.0, gt=0, le=3600)
+
+
+class CompletionEntry(BaseModel):
+    """A rollout that reached a terminal state; the feed delivers each once per cursor."""
+
+    seq: int
+    rollout_id: str
+    group_id: str
+    step: int
+    state: RolloutState
+    reward: float | None
+    queue_wait_seconds: float | None
+    run_seconds: float | None
+    message: str | None
+
+
+class CompletionPage(BaseModel):
+    entries: list[CompletionEntry]
+    cursor: int
+
+
+class DeleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_ids: list[str] = Field(max_length=100_000)
+
+
+class AgentEvent(BaseModel):
+    """What agents post to /api/rollouts/{rollout_id}/attempt/{attempt_id}/events."""
+
+    event_type: str = Field(min_length=1, max_length=64)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class PauseRequest(BaseModel):
+    reason: str | None = Field(default=None, max_length=1024)
+    retry_after_seconds: int = Field(default=5, ge=1, le=3600)
+
+
+class ResumeRequest(BaseModel):
+    model_version: int | None = Field(default=None, ge=0, description="Training step of the served weights.")
+
+
+class WindowSummary(BaseModel):
+    """The trainer's summary of its last step; the operator turns it into the run's status."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int = Field(ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    carry_over_age_histogram: dict[str, int] = Field(default_factory=dict)
+    active_groups: int = Field(default=0, ge=0)

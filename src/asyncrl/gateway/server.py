@@ -1,0 +1,86 @@
+"""`asyncrl gateway`: parse flags, read the key (file or env, never logged) and serve with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from asyncrl.gateway.app import build_gateway
+from asyncrl.gateway.config import KEY_ENV_VAR, GatewayConfig
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8090, help="port to listen on (default 8090)")
+    parser.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="OpenAI-compatible server; repeatable",
+    )
+    parser.add_argument("--model", required=True, help="model name forwarded upstream")
+    parser.add_argument("--key-file", type=Path, help=f"file holding the gateway key (or set {KEY_ENV_VAR})")
+    parser.add_argument(
+        "--retry-after-seconds", type=int, default=5, help="Retry-After while paused (default 5)"
+    )
+    parser.add_argument(
+        "--upstream-timeout-seconds", type=float, default=600.0, help="per model call (default 600)"
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def read_key(key_file: Path | None) -> str:
+    """The gateway key from --key-file, else from the environment; a clear error when neither gives one."""
+    if key_file is not None:
+        try:
+            key = key_file.read_text().strip()
+        except OSError as error:
+            raise SystemExit(
+                f"asyncrl gateway: cannot read --key-file {key_file}: {error.strerror}"
+            ) from error
+        if not key:
+            raise SystemExit(f"asyncrl gateway: --key-file {key_file} is empty")
+        return key
+    key = os.environ.get(KEY_ENV_VAR, "").strip()
+    if not key:
+        raise SystemExit(f"asyncrl gateway: no key; pass --key-file PATH or set {KEY_ENV_VAR}")
+    return key
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+    from pydantic import SecretStr, ValidationError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = GatewayConfig(
+            upstreams=tuple(args.upstream),
+            model=args.model,
+            key=SecretStr(read_key(args.key_file)),
+            retry_after_seconds=args.retry_after_seconds,
+            upstream_timeout_seconds=args.upstream_timeout_seconds,
+        )
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise SystemExit(f"asyncrl gateway: invalid configuration: {problems}") from error
+    gateway = build_gateway(config)
+    logger.info(
+        "gateway on %s:%d → %s (model %s)", args.host, args.port, ", ".join(config.upstreams), config.model
+    )
+    uvicorn.run(
+        gateway.asgi,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="on",
+        interface="asgi3",
+        loop="auto",
+        http="auto",
+    )
+    return 0

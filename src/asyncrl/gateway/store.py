@@ -1,0 +1,355 @@
+"""The rollout store: rollouts, their state machine, captured events, and the feeds that replace polling.
+
+Three consumers wait on it instead of polling: the operator long-polls `claim()` for queued rollouts, the
+trainer long-polls `completions()` for terminal ones (each delivered once per cursor), and the operator
+long-polls `summary_after()` for the trainer's step summary. All methods run on the gateway's event loop.
+Memory is bounded: the trainer deletes consumed rollouts, a rollout keeps at most `max_events_per_rollout`
+model calls, and the completion feed keeps the last `max_feed_entries` entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.gateway.models import (
+    CompletionEntry,
+    Mode,
+    RolloutCreate,
+    RolloutView,
+    WindowSummary,
+)
+from asyncrl.rollouts import RolloutState, can_transition
+
+
+class RolloutNotFound(KeyError):
+    def __init__(self, rollout_id: str) -> None:
+        super().__init__(rollout_id)
+        self.rollout_id = rollout_id
+
+    def __str__(self) -> str:
+        return f"rollout {self.rollout_id!r} not found"
+
+
+class RolloutConflict(ValueError):
+    """A create that disagrees with the stored rollout, or an invalid state transition (HTTP 409)."""
+
+
+class FeedGap(LookupError):
+    """The cursor is older than the retained feed; the caller must resync from the rollout listing (410)."""
+
+
+@dataclass
+class CapturedCall:
+    """One proxied model call, kept as raw bytes; parsed only when the trainer asks for it."""
+
+    attempt_id: str
+    path: str
+    status: int
+    latency_seconds: float
+    model_version: int | None
+    request_body: bytes
+    response_body: bytes
+    started_at: float
+
+
+@dataclass
+class Rollout:
+    rollout_id: str
+    group_id: str
+    step: int
+    input: Any
+    mode: Mode
+    timeout_seconds: float | None
+    created_at: float
+    state: RolloutState = RolloutState.QUEUED
+    attempt_id: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    reward: float | None = None
+    message: str | None = None
+    claimed_until: float = 0.0
+    calls: deque[CapturedCall] = field(default_factory=deque)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    timeout_handle: asyncio.TimerHandle | None = None
+
+    def same_request(self, request: RolloutCreate) -> bool:
+        return (self.group_id, self.step, self.input, self.mode, self.timeout_seconds) == (
+            request.group_id,
+            request.step,
+            request.input,
+            request.mode,
+            request.timeout_seconds,
+        )
+
+    def view(self) -> RolloutView:
+        return RolloutView(
+            rollout_id=self.rollout_id,
+            group_id=self.group_id,
+            step=self.step,
+            input=self.input,
+            mode=self.mode,
+            state=self.state,
+            attempt_id=self.attempt_id,
+            timeout_seconds=self.timeout_seconds,
+            created_at=self.created_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            reward=self.reward,
+            message=self.message,
+            n_model_calls=len(self.calls),
+        )
+
+
+class _Signal:
+    """Wake every current waiter once; later waiters wait for the next change."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=timeout)
+
+
+class RolloutStore:
+    def __init__(self, *, max_events_per_rollout: int = 512, max_feed_entries: int = 100_000) -> None:
+        self.max_events_per_rollout = max_events_per_rollout
+        self._rollouts: dict[str, Rollout] = {}
+        self._feed: deque[CompletionEntry] = deque(maxlen=max_feed_entries)
+        self._next_seq = 1
+        self._queued_signal = _Signal()
+        self._feed_signal = _Signal()
+        self._summary_signal = _Signal()
+        self._summary: WindowSummary | None = None
+
+    # -- rollouts -----------------------------------------------------------------------------------------
+
+    def create(self, requests: Iterable[RolloutCreate]) -> list[Rollout]:
+        """Create rollouts; re-creating one with the same content is a no-op. All or nothing."""
+        requests = list(requests)
+        seen: set[str] = set()
+        for request in requests:
+            if request.rollout_id in seen:
+                raise RolloutConflict(f"rollout {request.rollout_id!r} appears twice in one request")
+            seen.add(request.rollout_id)
+            existing = self._rollouts.get(request.rollout_id)
+            if existing is not None and not existing.same_request(request):
+                raise RolloutConflict(
+                    f"rollout {request.rollout_id!r} exists with different content; use a new rollout_id"
+                )
+        now = time.time()
+        created = []
+        for request in requests:
+            rollout = self._rollouts.get(request.rollout_id)
+            if rollout is None:
+                rollout = Rollout(
+                    rollout_id=request.rollout_id,
+                    group_id=request.group_id,
+                    step=request.step,
+                    input=request.input,
+                    mode=request.mode,
+                    timeout_seconds=request.timeout_seconds,
+                    created_at=now,
+                )
+                self._rollouts[request.rollout_id] = rollout
+            created.append(rollout)
+        if requests:
+            self._queued_signal.fire()
+        return created
+
+    def find(self, rollout_id: str) -> Rollout | None:
+        return self._rollouts.get(rollout_id)
+
+    def get(self, rollout_id: str) -> Rollout:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            raise RolloutNotFound(rollout_id)
+        return rollout
+
+    def select(self, *, state: RolloutState | None = None, group_id: str | None = None) -> list[Rollout]:
+        return [
+            rollout
+            for rollout in self._rollouts.values()
+            if (state is None or rollout.state == state)
+            and (group_id is None or rollout.group_id == group_id)
+        ]
+
+    def counts_by_state(self) -> dict[RolloutState, int]:
+        counts = dict.fromkeys(RolloutState, 0)
+        for rollout in self._rollouts.values():
+            counts[rollout.state] += 1
+        return counts
+
+    def delete(self, rollout_ids: Iterable[str]) -> int:
+        deleted = 0
+        for rollout_id in rollout_ids:
+            rollout = self._rollouts.pop(rollout_id, None)
+            if rollout is not None:
+                if rollout.timeout_handle is not None:
+                    rollout.timeout_handle.cancel()
+                deleted += 1
+        return deleted
+
+    async def claim(self, *, limit: int, wait_seconds: float, lease_seconds: float) -> list[Rollout]:
+        """Queued rollouts nobody holds a lease on, waiting up to `wait_seconds` for the first one.
+
+        A claim is a lease, not a state change: if the claimer dies before the rollout runs, the rollout is
+        offered again when the lease ends (the operator's deterministic Job names make that harmless).
+        """
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            now = time.time()
+            claimed = []
+            for rollout in self._rollouts.values():
+                if rollout.state == RolloutState.QUEUED and rollout.claimed_until <= now:
+                    rollout.claimed_until = now + lease_seconds
+                    claimed.append(rollout)
+                    if len(claimed) >= limit:
+                        break
+            remaining = deadline - time.monotonic()
+            if claimed or remaining <= 0:
+                return claimed
+            await self._queued_signal.wait(remaining)
+
+    def transition(
+        self, rollout_id: str, target: RolloutState, *, message: str | None, attempt_id: str | None
+    ) -> Rollout:
+        rollout = self.get(rollout_id)
+        if rollout.state == target:
+            return rollout  # idempotent: the operator may report the same state again after a restart
+        if not can_transition(rollout.state, target):
+            raise RolloutConflict(f"rollout {rollout_id!r} cannot go from {rollout.state} to {target}")
+        now = time.time()
+        rollout.state = target
+        if message is not None:
+            rollout.message = message
+        if attempt_id is not None:
+            rollout.attempt_id = attempt_id
+        if target == RolloutState.RUNNING:
+            rollout.started_at = now
+            if rollout.timeout_seconds is not None:
+                loop = asyncio.get_running_loop()
+                rollout.timeout_handle = loop.call_later(rollout.timeout_seconds, self._expire, rollout_id)
+        elif target.is_terminal:
+            rollout.finished_at = now
+            if rollout.timeout_handle is not None:
+                rollout.timeout_handle.cancel()
+                rollout.timeout_handle = None
+            self._append_completion(rollout)
+        return rollout
+
+    def _expire(self, rollout_id: str) -> None:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is not None and rollout.state == RolloutState.RUNNING:
+            self.transition(
+                rollout_id,
+                RolloutState.TIMED_OUT,
+                message=f"no terminal state within timeout_seconds={rollout.timeout_seconds}",
+                attempt_id=None,
+            )
+
+    # -- completion feed ----------------------------------------------------------------------------------
+
+    def _append_completion(self, rollout: Rollout) -> None:
+        queue_wait = None if rollout.started_at is None else rollout.started_at - rollout.created_at
+        run = None
+        if rollout.started_at is not None and rollout.finished_at is not None:
+            run = rollout.finished_at - rollout.started_at
+        self._feed.append(
+            CompletionEntry(
+                seq=self._next_seq,
+                rollout_id=rollout.rollout_id,
+                group_id=rollout.group_id,
+                step=rollout.step,
+                state=rollout.state,
+                reward=rollout.reward,
+                queue_wait_seconds=queue_wait,
+                run_seconds=run,
+                message=rollout.message,
+            )
+        )
+        self._next_seq += 1
+        self._feed_signal.fire()
+
+    @property
+    def feed_cursor(self) -> int:
+        """The sequence number of the newest completion (0 when none yet)."""
+        return self._next_seq - 1
+
+    async def completions(
+        self, *, after: int, limit: int, wait_seconds: float
+    ) -> tuple[list[CompletionEntry], int]:
+        """Entries with seq > `after`, waiting up to `wait_seconds` for one; returns (entries, cursor)."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            if self._feed and after < self._feed[0].seq - 1:
+                raise FeedGap(
+                    f"cursor {after} is older than the oldest retained completion ({self._feed[0].seq}); "
+                    "resync from GET /api/rollouts and continue from the current cursor"
+                )
+            entries = list(self._feed_from(after))[:limit]
+            remaining = deadline - time.monotonic()
+            if entries or remaining <= 0:
+                cursor = entries[-1].seq if entries else max(after, 0)
+                return entries, cursor
+            await self._feed_signal.wait(remaining)
+
+    def _feed_from(self, after: int) -> Iterable[CompletionEntry]:
+        if not self._feed:
+            return []
+        start = max(0, after - self._feed[0].seq + 1)
+        return (self._feed[i] for i in range(start, len(self._feed)))
+
+    # -- events -------------------------------------------------------------------------------------------
+
+    def record_call(self, rollout_id: str, call: CapturedCall) -> None:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            return  # deleted while the call was in flight
+        rollout.calls.append(call)
+        while len(rollout.calls) > self.max_events_per_rollout:
+            rollout.calls.popleft()
+
+    def record_event(self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any]) -> None:
+        rollout = self.get(rollout_id)
+        if event_type == "reward":
+            value = data.get("value")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError('a reward event needs data.value as a number, e.g. {"value": 1.0}')
+            rollout.reward = float(value)
+        if len(rollout.events) >= self.max_events_per_rollout:
+            raise OverflowError(
+                f"rollout {rollout_id!r} already has {len(rollout.events)} events (the limit)"
+            )
+        rollout.events.append(
+            {"attempt_id": attempt_id, "event_type": event_type, "data": data, "at": time.time()}
+        )
+
+    # -- window summary -----------------------------------------------------------------------------------
+
+    def set_summary(self, summary: WindowSummary) -> None:
+        self._summary = summary
+        self._summary_signal.fire()
+
+    async def summary_after(self, *, after_step: int | None, wait_seconds: float) -> WindowSummary | None:
+        """The latest summary; with `after_step`, wait up to `wait_seconds` for one of a later step."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            summary = self._summary
+            if after_step is None or (summary is not None and summary.step > after_step):
+                return summary
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return summary
+            await self._summary_signal.wait(remaining)

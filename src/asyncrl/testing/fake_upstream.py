@@ -1,0 +1,98 @@
+"""A small OpenAI-compatible server for tests and benchmarks: real HTTP, deterministic answers.
+
+It answers /v1/chat/completions and /v1/completions in vLLM's shape (with `prompt_token_ids`, per-choice
+`token_ids` and log-probs), so the gateway's capture path sees what it sees in production. Test knobs ride in
+the request body: `fake_delay_seconds` (sleep before answering) and `fake_status` (answer with that status).
+Run it with `python -m asyncrl.testing.fake_upstream --port P`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+
+def _tokens(text: str) -> list[int]:
+    return [int(hashlib.blake2s(word.encode(), digest_size=2).hexdigest(), 16) for word in text.split()]
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    if "messages" in body:
+        return " ".join(str(message.get("content", "")) for message in body["messages"])
+    return str(body.get("prompt", ""))
+
+
+def completion(body: dict[str, Any], *, chat: bool, calls: int) -> dict[str, Any]:
+    prompt = _prompt_text(body)
+    answer = f"echo {len(prompt.split())} words call {calls}"
+    token_ids = _tokens(answer)
+    logprobs = [-0.1 * (index + 1) for index in range(len(token_ids))]
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "token_ids": token_ids}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": answer}
+        if body.get("logprobs"):
+            choice["logprobs"] = {
+                "content": [
+                    {"token": word, "logprob": value}
+                    for word, value in zip(answer.split(), logprobs, strict=True)
+                ]
+            }
+    else:
+        choice["text"] = answer
+        if body.get("logprobs") is not None:
+            choice["logprobs"] = {"tokens": answer.split(), "token_logprobs": logprobs}
+    response: dict[str, Any] = {
+        "id": f"cmpl-{calls}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": body.get("model", "unknown"),
+        "choices": [choice],
+        "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(token_ids)},
+    }
+    if body.get("return_token_ids"):
+        response["prompt_token_ids"] = _tokens(prompt)
+    return response
+
+
+def build_app(default_delay_seconds: float = 0.0) -> web.Application:
+    state = {"calls": 0, "last_model": None}
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.json()
+        state["calls"] = int(state["calls"] or 0) + 1
+        state["last_model"] = body.get("model")
+        delay = float(body.get("fake_delay_seconds", default_delay_seconds))
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if "fake_status" in body:
+            return web.json_response({"error": "fake failure"}, status=int(body["fake_status"]))
+        chat = request.path.endswith("chat/completions")
+        return web.json_response(completion(body, chat=chat, calls=int(state["calls"] or 0)))
+
+    async def stats(_request: web.Request) -> web.Response:
+        return web.Response(text=json.dumps(state), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handle)
+    app.router.add_post("/v1/completions", handle)
+    app.router.add_get("/stats", stats)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay-seconds", type=float, default=0.0)
+    args = parser.parse_args()
+    web.run_app(build_app(args.delay_seconds), host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Gateway fixtures: a real upstream process and a real `asyncrl gateway` process on loopback."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from asyncrl.gateway.auth import agent_token
+from asyncrl.testing.controlplane import free_port
+from asyncrl.testing.processes import ServerProcess, start_server
+
+KEY = "test-gateway-key-0123456789"
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    key: str
+    process: ServerProcess
+
+    def management(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {self.key}"}, timeout=30)
+
+    def agent(self, rollout_id: str) -> httpx.Client:
+        token = agent_token(self.key, rollout_id)
+        return httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=30)
+
+    def proxy_path(self, rollout_id: str, endpoint: str = "chat/completions", mode: str = "train") -> str:
+        return f"/proxy/rollout/{rollout_id}/attempt/a1/mode/{mode}/openai/v1/{endpoint}"
+
+
+@pytest.fixture(scope="session")
+def upstream_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start_server(
+        [sys.executable, "-m", "asyncrl.testing.fake_upstream", "--port", str(port)],
+        ready_url=f"{url}/stats",
+        log_path=tmp_path_factory.mktemp("upstream") / "upstream.log",
+    )
+    yield url
+    server.stop()
+
+
+def launch_gateway(upstreams: list[str], log_dir: Path, *extra: str) -> RunningGateway:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "asyncrl.cli", "gateway", "--port", str(port), "--model", "served-model"]
+    for upstream in upstreams:
+        argv += ["--upstream", upstream]
+    env = {**os.environ, "ASYNCRL_GATEWAY_KEY": KEY}
+    process = start_server(
+        [*argv, *extra], ready_url=f"{url}/readyz", log_path=log_dir / "gateway.log", env=env
+    )
+    return RunningGateway(url=url, key=KEY, process=process)
+
+
+@pytest.fixture
+def gateway(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    running = launch_gateway([upstream_url], tmp_path)
+    yield running
+    running.process.stop()
+    assert KEY not in running.process.log(), "the gateway key must never be logged"
+
+
+def create_rollouts(client: httpx.Client, *rollout_ids: str, group_id: str = "g1", **fields: object) -> None:
+    body = [
+        {"rollout_id": rid, "group_id": group_id, "step": 0, "input": {"q": rid}, **fields}
+        for rid in rollout_ids
+    ]
+    response = client.post("/api/rollouts", json=body)
+    assert response.status_code == 201, response.text
