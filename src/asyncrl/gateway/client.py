@@ -1,0 +1,180 @@
+"""A typed async client of the gateway, used by the trainer and the operator.
+
+Every call maps to one route; errors come back as `GatewayError` carrying the status and the gateway's own
+message. Long-polls (claim, completions, summary) pass their wait to the server and extend the HTTP timeout
+accordingly, so nobody polls in a loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from asyncrl.gateway.models import (
+    ClaimRequest,
+    CompletionPage,
+    RolloutCreate,
+    RolloutView,
+    Transition,
+    WindowSummary,
+)
+from asyncrl.rollouts import RolloutState
+
+
+class GatewayError(RuntimeError):
+    def __init__(self, status: int, error: str, body: Any) -> None:
+        super().__init__(f"gateway answered {status}: {error}")
+        self.status = status
+        self.error = error
+        self.body = body
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    paused: bool
+    inflight: int
+    drained: bool
+    inflight_at_pause: int
+    drain_seconds: float
+
+
+class GatewayClient:
+    """`async with GatewayClient(url, key) as gateway: ...`"""
+
+    def __init__(self, base_url: str, key: str, *, timeout_seconds: float = 30.0) -> None:
+        self._timeout = timeout_seconds
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers={"authorization": f"Bearer {key}"},
+            timeout=timeout_seconds,
+        )
+
+    async def __aenter__(self) -> GatewayClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, *, wait: float = 0.0, **kwargs: Any) -> httpx.Response:
+        response = await self._http.request(method, path, timeout=self._timeout + wait, **kwargs)
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                error = str(body.get("error", body))
+            except ValueError:
+                body, error = response.text, response.text
+            raise GatewayError(response.status_code, error, body)
+        return response
+
+    # -- pause / resume -----------------------------------------------------------------------------------
+
+    async def pause(
+        self, *, reason: str | None, retry_after_seconds: int = 5, wait_seconds: float = 300.0
+    ) -> PauseResult:
+        """Pause and wait (server-side) for in-flight calls to finish; returns the drain measurements."""
+        response = await self._request(
+            "POST",
+            "/proxy/pause",
+            wait=wait_seconds,
+            params={"wait": wait_seconds},
+            json={"reason": reason, "retry_after_seconds": retry_after_seconds},
+        )
+        body = response.json()
+        return PauseResult(
+            paused=body["paused"],
+            inflight=body["inflight"],
+            drained=body["drained"],
+            inflight_at_pause=body["inflight_at_pause"],
+            drain_seconds=body["drain_seconds"],
+        )
+
+    async def resume(self, *, model_version: int | None = None) -> dict[str, Any]:
+        response = await self._request("POST", "/proxy/resume", json={"model_version": model_version})
+        result: dict[str, Any] = response.json()
+        return result
+
+    async def state(self) -> dict[str, Any]:
+        result: dict[str, Any] = (await self._request("GET", "/proxy/state")).json()
+        return result
+
+    # -- rollouts -----------------------------------------------------------------------------------------
+
+    async def create_rollouts(self, rollouts: Iterable[RolloutCreate]) -> list[RolloutView]:
+        payload = [rollout.model_dump(mode="json") for rollout in rollouts]
+        response = await self._request("POST", "/api/rollouts", json=payload)
+        return [RolloutView.model_validate(item) for item in response.json()["rollouts"]]
+
+    async def list_rollouts(
+        self, *, state: RolloutState | None = None, group_id: str | None = None
+    ) -> tuple[list[RolloutView], int]:
+        """The rollouts (filtered) and the completion-feed cursor at the time of the listing."""
+        params = {
+            key: value for key, value in (("state", state), ("group_id", group_id)) if value is not None
+        }
+        body = (await self._request("GET", "/api/rollouts", params=params)).json()
+        return [RolloutView.model_validate(item) for item in body["rollouts"]], int(body["cursor"])
+
+    async def get_rollout(self, rollout_id: str) -> RolloutView:
+        return RolloutView.model_validate((await self._request("GET", f"/api/rollouts/{rollout_id}")).json())
+
+    async def claim(
+        self, *, limit: int = 50, wait_seconds: float = 30.0, lease_seconds: float = 120.0
+    ) -> list[RolloutView]:
+        request = ClaimRequest(limit=limit, wait_seconds=wait_seconds, lease_seconds=lease_seconds)
+        response = await self._request(
+            "POST", "/api/rollouts/claim", wait=wait_seconds, json=request.model_dump(mode="json")
+        )
+        return [RolloutView.model_validate(item) for item in response.json()["rollouts"]]
+
+    async def transition(
+        self,
+        rollout_id: str,
+        state: RolloutState,
+        *,
+        message: str | None = None,
+        attempt_id: str | None = None,
+    ) -> RolloutView:
+        body = Transition(state=state, message=message, attempt_id=attempt_id).model_dump(mode="json")
+        response = await self._request("POST", f"/api/rollouts/{rollout_id}/transition", json=body)
+        return RolloutView.model_validate(response.json())
+
+    async def completions(
+        self, *, after: int, limit: int = 1000, wait_seconds: float = 30.0
+    ) -> CompletionPage:
+        params = {"after": after, "limit": limit, "wait": wait_seconds}
+        response = await self._request("GET", "/api/completions", wait=wait_seconds, params=params)
+        return CompletionPage.model_validate(response.json())
+
+    async def delete_rollouts(self, rollout_ids: Iterable[str]) -> int:
+        response = await self._request(
+            "POST", "/api/rollouts/delete", json={"rollout_ids": list(rollout_ids)}
+        )
+        return int(response.json()["deleted"])
+
+    async def rollout_events(self, rollout_id: str) -> dict[str, Any]:
+        """The rollout, its captured model calls (token ids, log-probs) and its agent events."""
+        result: dict[str, Any] = (await self._request("GET", f"/api/rollouts/{rollout_id}/events")).json()
+        return result
+
+    # -- window summary -----------------------------------------------------------------------------------
+
+    async def put_summary(self, summary: WindowSummary) -> None:
+        await self._request("PUT", "/api/window/summary", json=summary.model_dump(mode="json"))
+
+    async def summary(
+        self, *, after_step: int | None = None, wait_seconds: float = 0.0
+    ) -> WindowSummary | None:
+        """The latest summary; with `after_step`, wait up to `wait_seconds` for a later step's."""
+        params: dict[str, Any] = {"wait": wait_seconds}
+        if after_step is not None:
+            params["after_step"] = after_step
+        response = await self._request("GET", "/api/window/summary", wait=wait_seconds, params=params)
+        if response.status_code == 204:
+            return None
+        return WindowSummary.model_validate(response.json())
