@@ -1,0 +1,69 @@
+"""Shape a rendered agent Job into what the operator creates: our name, labels, owner, limits and AGL_* env.
+
+Whatever the template says, these are enforced: one attempt (`backoffLimit: 0`, `restartPolicy: Never`), the
+rollout timeout as `activeDeadlineSeconds`, cleanup after `ttlSecondsAfterFinished`, a deterministic name, and
+the rollout's own gateway URLs and token in every container.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.operator import names
+
+
+@dataclass(frozen=True)
+class AgentJobSettings:
+    run_name: str
+    namespace: str
+    owner_reference: Mapping[str, Any]
+    timeout_seconds: int
+    ttl_seconds_after_finished: int
+
+
+def shape_agent_job(
+    job: Mapping[str, Any],
+    *,
+    settings: AgentJobSettings,
+    rollout_id: str,
+    group_id: str,
+    attempt_id: str,
+    agent_env: Mapping[str, str],
+) -> dict[str, Any]:
+    shaped: dict[str, Any] = copy.deepcopy(dict(job))
+    metadata = shaped.setdefault("metadata", {})
+    metadata["name"] = names.agent_job_name(settings.run_name, rollout_id)
+    metadata["namespace"] = settings.namespace
+    metadata.pop("generateName", None)
+    labels = {
+        **(metadata.get("labels") or {}),
+        **names.common_labels(settings.run_name, names.COMPONENT_AGENT),
+    }
+    labels[names.LABEL_ROLLOUT] = names.rollout_label(rollout_id)
+    metadata["labels"] = labels
+    metadata["annotations"] = {
+        **(metadata.get("annotations") or {}),
+        names.ANNOTATION_ROLLOUT_ID: rollout_id,
+        names.ANNOTATION_GROUP_ID: group_id,
+        names.ANNOTATION_ATTEMPT_ID: attempt_id,
+    }
+    metadata["ownerReferences"] = [dict(settings.owner_reference)]
+
+    spec = shaped.setdefault("spec", {})
+    spec["backoffLimit"] = 0
+    spec["activeDeadlineSeconds"] = settings.timeout_seconds
+    spec["ttlSecondsAfterFinished"] = settings.ttl_seconds_after_finished
+    spec.pop("completions", None)
+    spec.pop("parallelism", None)
+    template = spec.setdefault("template", {})
+    pod_metadata = template.setdefault("metadata", {})
+    pod_metadata["labels"] = {**(pod_metadata.get("labels") or {}), **labels}
+    pod_spec = template.setdefault("spec", {})
+    pod_spec["restartPolicy"] = "Never"
+    for container in [*(pod_spec.get("initContainers") or []), *pod_spec["containers"]]:
+        env = [entry for entry in container.get("env") or [] if entry.get("name") not in agent_env]
+        container["env"] = env + [{"name": name, "value": value} for name, value in agent_env.items()]
+    return shaped

@@ -1,0 +1,73 @@
+"""Names and labels of what the operator creates: deterministic, so a restart finds rather than duplicates."""
+
+from __future__ import annotations
+
+import hashlib
+
+GROUP = "asyncrl.dev"
+MANAGED_BY = "asyncrl-operator"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_RUN = f"{GROUP}/run"
+LABEL_ROLLOUT = f"{GROUP}/rollout"  # a hash: rollout ids may hold characters labels cannot
+ANNOTATION_ROLLOUT_ID = f"{GROUP}/rollout-id"
+ANNOTATION_GROUP_ID = f"{GROUP}/group-id"
+ANNOTATION_ATTEMPT_ID = f"{GROUP}/attempt-id"
+
+COMPONENT_AGENT = "agent"
+COMPONENT_TRAINER = "trainer"
+COMPONENT_GATEWAY = "gateway"
+
+# The server-side selector of the one Job watch per namespace.
+AGENT_JOB_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT_AGENT}"
+
+
+def _hash(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def _bounded(prefix: str, suffix: str, limit: int = 63) -> str:
+    """`prefix-suffix` within `limit` characters; a long prefix is cut and made unique by a hash."""
+    name = f"{prefix}-{suffix}"
+    if len(name) <= limit:
+        return name
+    keep = limit - len(suffix) - 10
+    return f"{prefix[:keep].rstrip('-')}-{_hash(prefix, 8)}-{suffix}"
+
+
+def rollout_label(rollout_id: str) -> str:
+    return _hash(rollout_id, 16)
+
+
+def agent_job_name(run: str, rollout_id: str) -> str:
+    """One Job per rollout, always the same name for the same rollout (AlreadyExists means: done before)."""
+    return _bounded(run, f"r-{rollout_label(rollout_id)}", limit=63)
+
+
+def trainer_job_name(run: str) -> str:
+    return _bounded(run, "trainer", limit=52)  # pods of a Job get a suffix; keep room
+
+
+def gateway_service_name(run: str) -> str:
+    return _bounded(run, "gateway")
+
+
+def gateway_key_secret_name(run: str) -> str:
+    return _bounded(run, "gateway-key", limit=253)
+
+
+def config_map_name(run: str) -> str:
+    return _bounded(run, "config", limit=253)
+
+
+def common_labels(run: str, component: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: "asyncrl",
+        LABEL_INSTANCE: run,
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_RUN: run,
+    }
