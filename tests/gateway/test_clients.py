@@ -35,6 +35,11 @@ def test_client_drives_a_rollout_from_creation_to_the_completion_feed(gateway: R
                 await client.transition(rollout.rollout_id, RolloutState.SUCCEEDED)
             page = await client.completions(after=0, wait_seconds=1)
             assert [e.rollout_id for e in page.entries] == ["r0", "r1"]
+            stats = await client.stats()
+            assert stats["rollouts"]["succeeded"] == 2
+            assert stats["rollouts"]["queued"] == 0
+            assert stats["finished_totals"]["succeeded"] == 2
+            assert stats["cursor"] == page.cursor
             listed, cursor = await client.list_rollouts(state=RolloutState.SUCCEEDED)
             assert len(listed) == 2
             assert cursor == page.cursor

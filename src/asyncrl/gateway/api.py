@@ -219,6 +219,15 @@ def build_api(
             raise ApiError(413, str(error)) from error
         return {"rollout_id": rollout_id, "attempt_id": attempt_id, "event_type": event.event_type}
 
+    @app.get("/api/stats", dependencies=[Management])
+    async def stats() -> dict[str, Any]:
+        """Rollouts by state now and finished ever (consumed ones get deleted), feed cursor, pause state."""
+        counts = {state.value: count for state, count in store.counts_by_state().items()}
+        totals = {
+            state.value: store.finished_totals.get(state, 0) for state in RolloutState if state.is_terminal
+        }
+        return {"rollouts": counts, "finished_totals": totals, "cursor": store.feed_cursor, **pause_json()}
+
     # -- feeds --------------------------------------------------------------------------------------------
 
     @app.get("/api/completions", dependencies=[Management])

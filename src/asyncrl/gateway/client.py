@@ -162,6 +162,11 @@ class GatewayClient:
         result: dict[str, Any] = (await self._request("GET", f"/api/rollouts/{rollout_id}/events")).json()
         return result
 
+    async def stats(self) -> dict[str, Any]:
+        """Rollouts by state (`rollouts`), terminal states ever (`finished_totals`), `cursor`, pause state."""
+        result: dict[str, Any] = (await self._request("GET", "/api/stats")).json()
+        return result
+
     # -- window summary -----------------------------------------------------------------------------------
 
     async def put_summary(self, summary: WindowSummary) -> None:

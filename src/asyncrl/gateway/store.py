@@ -128,6 +128,7 @@ class RolloutStore:
         self._rollouts: dict[str, Rollout] = {}
         self._feed: deque[CompletionEntry] = deque(maxlen=max_feed_entries)
         self._next_seq = 1
+        self.finished_totals: dict[RolloutState, int] = {}  # terminal transitions ever, survives deletion
         self._queued_signal = _Signal()
         self._feed_signal = _Signal()
         self._summary_signal = _Signal()
@@ -262,6 +263,7 @@ class RolloutStore:
     # -- completion feed ----------------------------------------------------------------------------------
 
     def _append_completion(self, rollout: Rollout) -> None:
+        self.finished_totals[rollout.state] = self.finished_totals.get(rollout.state, 0) + 1
         queue_wait = None if rollout.started_at is None else rollout.started_at - rollout.created_at
         run = None
         if rollout.started_at is not None and rollout.finished_at is not None:
