@@ -60,7 +60,9 @@ def image_table() -> ImageTable:
 def pod_runner(
     api_client: Any, image_table: ImageTable, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PodRunner]:
-    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    # The venv's bin first, so containers find `python` and `asyncrl` as they would in the images.
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    base_env = {"PATH": path, "LANG": "C.UTF-8", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     runner = PodRunner(
         api_client=api_client, images=image_table, work_dir=tmp_path_factory.mktemp("pods"), base_env=base_env
     )

@@ -17,6 +17,18 @@ def _gateway(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _operator(args: argparse.Namespace) -> int:
+    from asyncrl.operator.main import run
+
+    return run(args)
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from asyncrl.api.crd import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl",
@@ -32,6 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gateway_arguments(gateway)
     gateway.set_defaults(handler=_gateway)
+
+    from asyncrl.operator.main import add_arguments as operator_arguments
+
+    operator_parser = commands.add_parser("operator", help="run the operator (kopf) for AsyncTrainingRuns")
+    operator_arguments(operator_parser)
+    operator_parser.set_defaults(handler=_operator)
+
+    crd = commands.add_parser(
+        "crd", help="print, --write or --check the CRD (and its reference docs) generated from the API types"
+    )
+    from asyncrl.api.crd import add_arguments as crd_arguments
+
+    crd_arguments(crd)
+    crd.set_defaults(handler=_crd)
     return parser
 
 

@@ -65,6 +65,15 @@ def test_an_expired_lease_offers_the_rollout_again(gateway: RunningGateway) -> N
         assert [r["rollout_id"] for r in second["rollouts"]] == ["r1"]
 
 
+def test_a_takeover_claim_takes_rollouts_leased_by_a_claimer_that_is_gone(gateway: RunningGateway) -> None:
+    with gateway.management() as admin:
+        create_rollouts(admin, "r1")
+        admin.post("/api/rollouts/claim", json={"wait_seconds": 0, "lease_seconds": 600})
+        assert admin.post("/api/rollouts/claim", json={"wait_seconds": 0}).json()["rollouts"] == []
+        taken = admin.post("/api/rollouts/claim", json={"wait_seconds": 0, "takeover": True}).json()
+        assert [r["rollout_id"] for r in taken["rollouts"]] == ["r1"]
+
+
 def test_state_transitions_are_validated(gateway: RunningGateway) -> None:
     with gateway.management() as admin:
         create_rollouts(admin, "r1", "r2")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.operator.templates import TemplateError, check_template, render_job
+from asyncrl.operator.templates import TemplateError, check_template, render_job, template_variables
 
 TEMPLATE = """
 apiVersion: batch/v1
@@ -91,6 +91,19 @@ def test_sandbox_blocks_python_internals() -> None:
 def test_templates_that_do_not_render_one_job_are_rejected(source: str, message: str) -> None:
     with pytest.raises(TemplateError, match=message):
         render_job(source, {})
+
+
+def test_row_fields_are_variables_and_tojson_does_not_double_quote() -> None:
+    source = TEMPLATE.replace("{{ input.question }}", "{{ question | tojson }}")
+    variables = template_variables(
+        {"question": 'say "hi"', "attempts": 2, "limit": 1, "job_name": "from-row"},
+        rollout={"id": "r1"},
+        job_name="run-r-1",
+        run={"name": "run", "namespace": "ns"},
+    )
+    job = render_job(source, variables)
+    assert _env(job)["QUESTION"] == 'say "hi"'
+    assert job["metadata"]["name"] == "run-r-1"  # type: ignore[index]  # ours win over row fields
 
 
 def test_syntax_errors_are_found_before_any_rollout() -> None:

@@ -21,6 +21,16 @@ def test_command_replaces_entrypoint_and_args_follow() -> None:
     assert container_argv(image, None, ["--fast"], {}) == ["python", "-m", "agent", "--fast"]
 
 
+def test_a_stand_in_image_replaces_the_command_and_keeps_the_args() -> None:
+    stand_in = Image(entrypoint=("python", "-m", "stub"), replace_command=True)
+    assert container_argv(stand_in, ["asyncrl", "trainer"], ["--config=x"], {}) == [
+        "python",
+        "-m",
+        "stub",
+        "--config=x",
+    ]
+
+
 def test_container_without_command_or_entrypoint_is_an_error() -> None:
     with pytest.raises(ValueError, match="no command"):
         container_argv(Image(), None, None, {})

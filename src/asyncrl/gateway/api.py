@@ -172,7 +172,10 @@ def build_api(
     async def claim(request: Annotated[ClaimRequest | None, Body()] = None) -> dict[str, list[RolloutView]]:
         request = request or ClaimRequest()
         claimed = await store.claim(
-            limit=request.limit, wait_seconds=request.wait_seconds, lease_seconds=request.lease_seconds
+            limit=request.limit,
+            wait_seconds=request.wait_seconds,
+            lease_seconds=request.lease_seconds,
+            takeover=request.takeover,
         )
         return {"rollouts": [rollout.view() for rollout in claimed]}
 

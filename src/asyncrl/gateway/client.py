@@ -124,9 +124,17 @@ class GatewayClient:
         return RolloutView.model_validate((await self._request("GET", f"/api/rollouts/{rollout_id}")).json())
 
     async def claim(
-        self, *, limit: int = 50, wait_seconds: float = 30.0, lease_seconds: float = 120.0
+        self,
+        *,
+        limit: int = 50,
+        wait_seconds: float = 30.0,
+        lease_seconds: float = 120.0,
+        takeover: bool = False,
     ) -> list[RolloutView]:
-        request = ClaimRequest(limit=limit, wait_seconds=wait_seconds, lease_seconds=lease_seconds)
+        """Queued rollouts to start; `takeover` also takes those leased by an earlier (dead) claimer."""
+        request = ClaimRequest(
+            limit=limit, wait_seconds=wait_seconds, lease_seconds=lease_seconds, takeover=takeover
+        )
         response = await self._request(
             "POST", "/api/rollouts/claim", wait=wait_seconds, json=request.model_dump(mode="json")
         )

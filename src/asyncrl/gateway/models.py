@@ -56,6 +56,9 @@ class ClaimRequest(BaseModel):
     limit: int = Field(default=50, ge=1, le=1000)
     wait_seconds: float = Field(default=30.0, ge=0, le=300)
     lease_seconds: float = Field(default=120.0, gt=0, le=3600)
+    takeover: bool = Field(
+        default=False, description="Also take rollouts leased by an earlier claimer (a restarted operator)."
+    )
 
 
 class CompletionEntry(BaseModel):

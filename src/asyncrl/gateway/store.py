@@ -202,7 +202,9 @@ class RolloutStore:
                 deleted += 1
         return deleted
 
-    async def claim(self, *, limit: int, wait_seconds: float, lease_seconds: float) -> list[Rollout]:
+    async def claim(
+        self, *, limit: int, wait_seconds: float, lease_seconds: float, takeover: bool = False
+    ) -> list[Rollout]:
         """Queued rollouts nobody holds a lease on, waiting up to `wait_seconds` for the first one.
 
         A claim is a lease, not a state change: if the claimer dies before the rollout runs, the rollout is
@@ -213,7 +215,7 @@ class RolloutStore:
             now = time.time()
             claimed = []
             for rollout in self._rollouts.values():
-                if rollout.state == RolloutState.QUEUED and rollout.claimed_until <= now:
+                if rollout.state == RolloutState.QUEUED and (takeover or rollout.claimed_until <= now):
                     rollout.claimed_until = now + lease_seconds
                     claimed.append(rollout)
                     if len(claimed) >= limit:

@@ -25,12 +25,27 @@ class TemplateError(ValueError):
 
 
 def _environment(finalize: Any) -> ImmutableSandboxedEnvironment:
-    return ImmutableSandboxedEnvironment(
+    environment = ImmutableSandboxedEnvironment(
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
         finalize=finalize,
     )
+    # Templates written for plain Jinja-to-YAML often quote values with `| tojson`. Here every value is
+    # already embedded safely, so `tojson` passes the value through instead of adding a second quoting.
+    environment.filters["tojson"] = lambda value, *_args, **_kwargs: value
+    return environment
+
+
+def template_variables(
+    row: Any, *, rollout: Mapping[str, Any], job_name: str, run: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A template's variables: the row's fields by name (when the row is an object), the row as `input`,
+    and `rollout` (id, group_id, step, attempt_id, mode), `job_name` and `run` (name, namespace), which win
+    over row fields of the same name."""
+    variables: dict[str, Any] = dict(row) if isinstance(row, Mapping) else {}
+    variables.update(input=row, rollout=dict(rollout), job_name=job_name, run=dict(run))
+    return variables
 
 
 def check_template(source: str) -> None:

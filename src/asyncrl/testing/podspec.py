@@ -17,10 +17,15 @@ _VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
 @dataclass(frozen=True)
 class Image:
-    """What a container image means on this machine: its entrypoint and the environment it bakes in."""
+    """What a container image means on this machine: its entrypoint and the environment it bakes in.
+
+    `replace_command` makes the entrypoint replace the container's own `command` too (its `args` are kept):
+    a test stand-in for a component whose real program is not available here.
+    """
 
     entrypoint: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    replace_command: bool = False
 
 
 class ImageTable:
@@ -55,7 +60,7 @@ def container_argv(
     image: Image, command: Sequence[str] | None, args: Sequence[str] | None, env: Mapping[str, str]
 ) -> list[str]:
     """The process to run: `command` replaces the image entrypoint, then `args`; both get $(VAR) expansion."""
-    head = list(command) if command else list(image.entrypoint)
+    head = list(command) if command and not image.replace_command else list(image.entrypoint)
     argv = [expand_references(part, env) for part in head + list(args or [])]
     if not argv:
         raise ValueError("container has no command and its image has no entrypoint in the image table")

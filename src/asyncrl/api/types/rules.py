@@ -1,0 +1,102 @@
+"""The cross-field rules of the spec, each declared once: as CEL for the API server, as a pydantic message.
+
+The API server checks these at admission (`x-kubernetes-validations` in the generated CRD); the spec models'
+validators check the same conditions in Python and raise the same messages, so local mode and `kubectl apply`
+reject the same manifests for the same stated reason.
+"""
+
+from __future__ import annotations
+
+from asyncrl.api.types.meta import CelRule
+
+# Upper bounds that keep the numbers in the async rule's message exact (see _cel_decimal).
+MAX_TRAIN_BATCH_SIZE = 100_000
+MAX_ASYNC_TRAIN_BATCH_SIZE = 2 * MAX_TRAIN_BATCH_SIZE
+
+
+def _exactly_one_rule(owner: str, options: tuple[str, ...]) -> CelRule:
+    count = " + ".join(f"(has(self.{option}) ? 1 : 0)" for option in options)
+    listed = ", ".join(options[:-1]) + f" or {options[-1]}"
+    return CelRule(rule=f"{count} == 1", message=f"{owner} needs exactly one of {listed}")
+
+
+def check_exactly_one(rule: CelRule, given: dict[str, object]) -> None:
+    """The pydantic side of an exactly-one rule: `given` maps each option's wire name to its value."""
+    chosen = [name for name, value in given.items() if value is not None]
+    if len(chosen) != 1:
+        raise ValueError(f"{rule.message} (given: {', '.join(chosen) or 'none'})")
+
+
+DATA_SOURCE_RULE = _exactly_one_rule("data", ("inline", "configMapRef", "path"))
+TEMPLATE_SOURCE_RULE = _exactly_one_rule("agents.template", ("configMapRef", "inline"))
+
+
+def _cel_decimal(expression: str, *, max_value: int) -> str:
+    """CEL for the decimal text of the int `expression` (0 <= value <= max_value), one digit per line.
+
+    CEL's `string(int)` has an unbounded result size in the API server's cost estimate, so a message built
+    with it is rejected as too expensive; digits cut from a constant string with `substring` are bounded.
+    (`cel.bind` would shorten this, but CRD validation rules cannot use it.)
+    """
+    digits = []
+    for power in reversed(range(len(str(max_value)))):
+        scale = 10**power
+        index = f"{expression} / {scale} % 10" if power else f"{expression} % 10"
+        digit = f"'0123456789'.substring({index}, {index} + 1)"
+        digits.append(f"({expression} >= {scale} ? {digit} : '')" if power else digit)
+    body = " +\n".join(f"  {digit}" for digit in digits)
+    return f"(\n{body}\n)"
+
+
+_TRAIN = "self.trainBatchSize"
+_WINDOW = "self.async.asyncTrainBatchSize"
+ASYNC_WINDOW_RULE = CelRule(
+    rule=f"!has(self.async) || !self.async.enabled || (has({_WINDOW}) && {_WINDOW} > {_TRAIN})",
+    # The same text as WindowConfig's error (the pydantic side); a test compares the two.
+    message_expression="\n".join(
+        (
+            "'asyncTrainBatchSize (' +",
+            f"(has({_WINDOW}) ? {_cel_decimal(_WINDOW, max_value=MAX_ASYNC_TRAIN_BATCH_SIZE)} : 'unset') +",
+            "') must be greater than trainBatchSize (' +",
+            f"{_cel_decimal(_TRAIN, max_value=MAX_TRAIN_BATCH_SIZE)} +",
+            "') when async is enabled; try asyncTrainBatchSize: ' +",
+            f"{_cel_decimal(f'(2 * {_TRAIN})', max_value=MAX_ASYNC_TRAIN_BATCH_SIZE)} +",
+            "' (2 x trainBatchSize)'",
+        )
+    ),
+    message=(
+        "asyncTrainBatchSize must be greater than trainBatchSize when async is enabled; "
+        "try asyncTrainBatchSize = 2 x trainBatchSize"
+    ),
+    field_path=".async.asyncTrainBatchSize",
+)
+
+# Fields that define what a run trains; changing them would make its checkpoints and metrics meaningless.
+IMMUTABLE_FIELDS = (
+    "model",
+    "trainBatchSize",
+    "rollout.n",
+    "trainer.backend",
+    "async.enabled",
+    "async.asyncTrainBatchSize",
+)
+# Immutable fields that may be absent; the others are required or defaulted by the API server.
+_OPTIONAL_IMMUTABLE_FIELDS = frozenset({"async.asyncTrainBatchSize"})
+
+
+def immutable_message(path: str) -> str:
+    return f"{path} cannot change after the run is created; create a new AsyncTrainingRun instead"
+
+
+def _immutable_rule(path: str) -> CelRule:
+    new, old = f"self.{path}", f"oldSelf.{path}"
+    if path in _OPTIONAL_IMMUTABLE_FIELDS:
+        rule = f"has({new}) == has({old}) && (!has({new}) || {new} == {old})"
+    else:
+        rule = f"{new} == {old}"
+    return CelRule(rule=rule, message=immutable_message(path), field_path=f".{path}")
+
+
+def immutable_rules() -> tuple[CelRule, ...]:
+    """The transition rules (`self == oldSelf`) of IMMUTABLE_FIELDS, for the spec object."""
+    return tuple(_immutable_rule(path) for path in IMMUTABLE_FIELDS)

@@ -1,0 +1,112 @@
+"""A whole AsyncTrainingRun manifest, and the checks local mode runs where the API server would.
+
+Local mode has no API server, yet it must reject the manifests that `kubectl apply` rejects and say why in the
+same words. `load_run` validates a manifest with the same rules the CRD's schema and CEL rules enforce and
+names each failing field by its path on the wire; `check_update` mirrors the CRD's immutability rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
+
+from asyncrl.api.types.meta import API_VERSION, KIND, ApiModel, FieldRuleError
+from asyncrl.api.types.rules import IMMUTABLE_FIELDS, immutable_message
+from asyncrl.api.types.spec import AsyncTrainingRunSpec
+from asyncrl.api.types.status import AsyncTrainingRunStatus
+
+
+class AsyncTrainingRun(ApiModel):
+    """An asynchronous RL training run of an LLM agent (asyncrl.dev/v1alpha1)."""
+
+    api_version: str = Field(description="asyncrl.dev/v1alpha1")
+    kind: str = Field(description="AsyncTrainingRun")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: AsyncTrainingRunSpec = Field(description="What to train and how.")
+    status: AsyncTrainingRunStatus | None = Field(
+        default=None, description="Progress, written by the operator."
+    )
+
+    @field_validator("api_version")
+    @classmethod
+    def _known_api_version(cls, value: str) -> str:
+        if value != API_VERSION:
+            raise ValueError(f"expected {API_VERSION}, got {value!r}")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value != KIND:
+            raise ValueError(f"expected {KIND}, got {value!r}")
+        return value
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+
+class FieldError(BaseModel):
+    """One reason a manifest is invalid: the field's path on the wire and what is wrong with it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class InvalidRunError(ValueError):
+    """A manifest that the API server would reject; `errors` lists every failing field."""
+
+    def __init__(self, name: str, errors: list[FieldError]) -> None:
+        self.name = name
+        self.errors = errors
+        what = f"AsyncTrainingRun {name!r}" if name else "AsyncTrainingRun"
+        super().__init__(f"invalid {what}:\n" + "\n".join(f"  {error}" for error in errors))
+
+
+def load_run(manifest: Mapping[str, Any]) -> AsyncTrainingRun:
+    """Validate a whole manifest (a parsed YAML document) as the API server would, or `InvalidRunError`."""
+    try:
+        return AsyncTrainingRun.model_validate(manifest, by_alias=True, by_name=False)
+    except ValidationError as error:
+        metadata = manifest.get("metadata")
+        name = str(metadata.get("name", "")) if isinstance(metadata, Mapping) else ""
+        raise InvalidRunError(name, [_field_error(detail) for detail in error.errors()]) from None
+
+
+def check_update(old: AsyncTrainingRunSpec, new: AsyncTrainingRunSpec) -> None:
+    """Reject a spec change to an immutable field, as the CRD's transition rules do."""
+    old_wire, new_wire = old.to_wire(), new.to_wire()
+    errors = [
+        FieldError(path=f"spec.{path}", message=immutable_message(path))
+        for path in IMMUTABLE_FIELDS
+        if _lookup(old_wire, path) != _lookup(new_wire, path)
+    ]
+    if errors:
+        raise InvalidRunError("", errors)
+
+
+def _lookup(document: Mapping[str, Any], path: str) -> Any:
+    value: Any = document
+    for key in path.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _field_error(detail: ErrorDetails) -> FieldError:
+    location = [str(part) if isinstance(part, str) else f"[{part}]" for part in detail["loc"]]
+    cause = detail.get("ctx", {}).get("error")
+    if isinstance(cause, FieldRuleError):
+        location.extend(cause.field_path)
+    message = str(cause) if isinstance(cause, ValueError) else detail["msg"]
+    path = ".".join(location).replace(".[", "[")
+    return FieldError(path=path, message=message)

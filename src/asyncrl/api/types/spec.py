@@ -1,0 +1,355 @@
+"""The spec of an AsyncTrainingRun: the user's intent, one model per section of the manifest.
+
+Every field's description becomes the CRD's field description and the reference docs, so it is written for
+the person filling in the manifest. The cross-field rules come from `asyncrl.api.types.rules`: attached here
+as CEL for the API server, and checked by the validators beside them with the same message, so a manifest
+that `kubectl apply` rejects is rejected by local mode too.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Self
+
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+
+from asyncrl.api.types.meta import ApiModel, FieldRuleError, cel_rules, section
+from asyncrl.api.types.rules import (
+    ASYNC_WINDOW_RULE,
+    DATA_SOURCE_RULE,
+    MAX_ASYNC_TRAIN_BATCH_SIZE,
+    MAX_TRAIN_BATCH_SIZE,
+    TEMPLATE_SOURCE_RULE,
+    check_exactly_one,
+    immutable_rules,
+)
+from asyncrl.trainer.window import StalenessPolicy, WindowConfig
+
+
+class ConfigMapKeyRef(ApiModel):
+    """A key of a ConfigMap in the run's namespace."""
+
+    name: str = Field(min_length=1, description="Name of the ConfigMap.")
+    key: str = Field(min_length=1, description="Key in the ConfigMap's data that holds the file.")
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the run's namespace."""
+
+    name: str = Field(min_length=1, description="Name of the Secret.")
+    key: str = Field(min_length=1, description="Key in the Secret's data.")
+
+
+class GatewayKeySecretRef(SecretKeyRef):
+    """The Secret key holding the gateway key from which agents' tokens are derived."""
+
+    key: str = Field(default="key", min_length=1, description="Key in the Secret's data.")
+
+
+class ModelSpec(ApiModel):
+    """The policy model that is served to agents and trained."""
+
+    name: str = Field(
+        min_length=1, description="Served model name: the `model` agents send in their OpenAI requests."
+    )
+    path: str = Field(
+        min_length=1, description="Hugging Face repo id, or a path on a volume mounted in the trainer pod."
+    )
+
+
+class DataSpec(ApiModel):
+    """The prompts: one row per prompt group; a row's value becomes each of the group's rollouts' `input`."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(DATA_SOURCE_RULE))
+
+    inline: list[dict[str, Any]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Rows written in the manifest; each row's value becomes each rollout's `input`.",
+    )
+    config_map_ref: ConfigMapKeyRef | None = Field(
+        default=None, description="A ConfigMap key holding a JSON-lines or JSON-array file of rows."
+    )
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A JSON-lines or JSON-array file of rows on a volume mounted in the trainer pod.",
+    )
+    shuffle: bool = Field(default=True, description="Shuffle the rows before each pass over the data.")
+    seed: int = Field(default=0, ge=0, description="Seed of the shuffle.")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> Self:
+        check_exactly_one(
+            DATA_SOURCE_RULE,
+            {"inline": self.inline, "configMapRef": self.config_map_ref, "path": self.path},
+        )
+        return self
+
+
+class RolloutSpec(ApiModel):
+    """How each prompt is rolled out."""
+
+    n: int = Field(
+        default=4,
+        ge=1,
+        description=(
+            "Sibling rollouts per prompt group (verl's rollout.n); an update uses whole groups only. "
+            'Quote the key in YAML ("n": 4): kubectl reads a bare n as the boolean false.'
+        ),
+    )
+
+
+class AsyncSpec(ApiModel):
+    """Asynchronous collection: more prompt groups in flight than an update consumes; the rest carry over."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Turn asynchronous collection on; off, every update waits for all groups of its batch.",
+    )
+    async_train_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ASYNC_TRAIN_BATCH_SIZE,
+        description=(
+            "Prompt groups kept active in async mode; required when enabled and greater than trainBatchSize "
+            "(start with 2 x trainBatchSize)."
+        ),
+    )
+    max_carry_over_age_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Oldest carry-over age, in updates, a group may reach; older groups get the staleness policy. "
+            "Unset: groups are carried over however old."
+        ),
+    )
+    staleness_policy: StalenessPolicy = Field(
+        default=StalenessPolicy.CANCEL,
+        description=(
+            "What happens to groups older than maxCarryOverAgeSteps: `cancel` deletes their Jobs and draws "
+            "fresh prompts, `keep` leaves them in the window and only reports them."
+        ),
+    )
+
+
+class RolloutCorrectionMode(StrEnum):
+    """Granularity of the importance-sampling correction for off-policy (stale) rollouts."""
+
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+    OFF = "off"
+
+
+class RolloutCorrectionSpec(ApiModel):
+    """Importance-sampling correction of rollouts generated by an older policy (verl's rollout_correction)."""
+
+    mode: RolloutCorrectionMode = Field(
+        default=RolloutCorrectionMode.TOKEN,
+        description="`token` or `sequence` level importance sampling, or `off`.",
+    )
+    threshold: float = Field(
+        default=2.0,
+        gt=1,
+        description="Upper bound of the importance-sampling weights (rollout_is_threshold).",
+    )
+
+
+class TrainerBackend(StrEnum):
+    """The training engine inside the trainer pod."""
+
+    VERL = "verl"  # verl + vLLM on GPUs
+    REFERENCE = "reference"  # a small local causal LM on CPU: CI, local mode, the quickstart
+
+
+class SampleLevel(StrEnum):
+    """How a rollout's model calls become training samples."""
+
+    TRANSITION = "transition"  # one sample per model call
+    TRAJECTORY = "trajectory"  # one sample per rollout, its calls joined
+
+
+class CheckpointSpec(ApiModel):
+    """Where and how often the trainer saves checkpoints."""
+
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="PersistentVolumeClaim for checkpoints; unset keeps them in the pod (lost with it).",
+    )
+    every_steps: int = Field(default=10, ge=1, description="Save a checkpoint every this many updates.")
+
+
+class TrainerSpec(ApiModel):
+    """The trainer pod: the training backend on the shared GPUs."""
+
+    backend: TrainerBackend = Field(
+        default=TrainerBackend.VERL,
+        description="`verl` (GPU, verl + vLLM) or `reference` (CPU, a small local model).",
+    )
+    image: str = Field(
+        default="ghcr.io/asyncrl/trainer:0.1.0", min_length=1, description="Container image of the trainer."
+    )
+    resources: dict[str, Any] | None = Field(
+        default=None,
+        description="Kubernetes ResourceRequirements of the trainer container (limits, requests).",
+    )
+    gpus: int = Field(
+        default=1,
+        ge=0,
+        description="GPUs of the trainer pod, shared by inference and training; 0 for the reference backend.",
+    )
+    verl_overrides: dict[str, Any] | None = Field(
+        default=None, description="Hydra overrides merged into verl's trainer config (verl backend only)."
+    )
+    checkpoint: CheckpointSpec = section(CheckpointSpec, "Where and how often checkpoints are saved.")
+    fill_reward: float = Field(
+        default=0.0, description="Reward given to rollouts that failed or timed out without a reward."
+    )
+    level: SampleLevel = Field(
+        default=SampleLevel.TRAJECTORY,
+        description="Train on each model call (`transition`) or on each whole rollout (`trajectory`).",
+    )
+
+
+class GatewaySpec(ApiModel):
+    """The gateway sidecar: the agents' model endpoint (with pause and drain) and the rollout store."""
+
+    image: str = Field(
+        default="ghcr.io/asyncrl/gateway:0.1.0", min_length=1, description="Container image of the gateway."
+    )
+    port: int = Field(default=8090, ge=1, le=65535, description="Port of the gateway and its Service.")
+    key_secret_ref: GatewayKeySecretRef | None = Field(
+        default=None,
+        description="Secret key holding the gateway key; unset, the operator generates a Secret for the run.",
+    )
+    retry_after_seconds: int = Field(
+        default=5, ge=1, description="Retry-After sent with HTTP 429 to model calls during a weight update."
+    )
+    agent_url: str | None = Field(
+        default=None,
+        alias="agentURL",
+        pattern=r"^https?://\S+$",
+        description="Gateway URL given to agents instead of the Service's, for agents that cannot reach it.",
+    )
+
+
+class AgentTemplateSpec(ApiModel):
+    """The Jinja template of the batch/v1 Job run per rollout; its variables come from the row's input."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(TEMPLATE_SOURCE_RULE))
+
+    config_map_ref: ConfigMapKeyRef | None = Field(
+        default=None, description="A ConfigMap key holding the template."
+    )
+    inline: str | None = Field(
+        default=None, min_length=1, description="The template, written in the manifest."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> Self:
+        check_exactly_one(TEMPLATE_SOURCE_RULE, {"configMapRef": self.config_map_ref, "inline": self.inline})
+        return self
+
+
+class AgentsSpec(ApiModel):
+    """The agents: one Kubernetes Job per rollout, rendered from a template."""
+
+    template: AgentTemplateSpec = Field(
+        description="The Job template; exactly one of configMapRef or inline."
+    )
+    max_jobs_per_minute: int = Field(default=100, ge=1, description="Rate limit of agent Job creation.")
+    max_active_jobs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most agent Jobs running at once; unset, as many as rollouts are queued.",
+    )
+    ttl_seconds_after_finished: int = Field(
+        default=1200, ge=0, description="Seconds after which finished agent Jobs are deleted."
+    )
+
+
+class WandbMode(StrEnum):
+    """Where Weights & Biases writes the run."""
+
+    OFFLINE = "offline"
+    ONLINE = "online"
+    DISABLED = "disabled"
+
+
+class WandbSpec(ApiModel):
+    """Weights & Biases logging of the per-step metrics."""
+
+    project: str | None = Field(
+        default=None, min_length=1, description="W&B project; unset uses the run name."
+    )
+    mode: WandbMode = Field(
+        default=WandbMode.OFFLINE, description="`offline` (files in the pod), `online` or `disabled`."
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the W&B API key (needed for `online`)."
+    )
+
+
+class LoggingSpec(ApiModel):
+    """Where the per-step metrics go besides Prometheus and the run's status."""
+
+    wandb: WandbSpec = section(WandbSpec, "Weights & Biases logging.")
+
+
+class AsyncTrainingRunSpec(ApiModel):
+    """What to train, on which data, with which agents, and how asynchronously."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(ASYNC_WINDOW_RULE, *immutable_rules()))
+
+    model: ModelSpec = Field(description="The policy model to serve and train.")
+    data: DataSpec = Field(description="The prompts; exactly one of inline, configMapRef or path.")
+    train_batch_size: int = Field(
+        ge=1, le=MAX_TRAIN_BATCH_SIZE, description="Complete prompt groups consumed per update."
+    )
+    rollout: RolloutSpec = section(RolloutSpec, "How each prompt is rolled out.")
+    rollout_timeout_seconds: int = Field(
+        default=1800, ge=1, description="Seconds after which a rollout that has not finished is failed."
+    )
+    total_steps: int | None = Field(
+        default=None, ge=1, description="Stop after this many updates; unset, after one pass over the data."
+    )
+    async_: AsyncSpec = Field(
+        default_factory=AsyncSpec,
+        alias="async",
+        description="Asynchronous collection with carry-over; off by default.",
+        json_schema_extra={"default": {}},
+    )
+    rollout_correction: RolloutCorrectionSpec = section(
+        RolloutCorrectionSpec, "Importance-sampling correction of stale rollouts."
+    )
+    trainer: TrainerSpec = section(TrainerSpec, "The trainer pod.")
+    gateway: GatewaySpec = section(GatewaySpec, "The gateway sidecar of the trainer pod.")
+    agents: AgentsSpec = Field(description="The agents: one Job per rollout, rendered from a template.")
+    logging: LoggingSpec = section(LoggingSpec, "Where per-step metrics are logged.")
+    suspend: bool = Field(
+        default=False,
+        description="Pause the run while true: no new rollouts or agent Jobs; the phase becomes Suspended.",
+    )
+
+    @model_validator(mode="after")
+    def _async_window_exceeds_train_batch(self) -> Self:
+        self.window_config()
+        return self
+
+    def window_config(self) -> WindowConfig:
+        """The async window's configuration (asyncrl.trainer.window); raises when the window rule fails."""
+        try:
+            return WindowConfig(
+                train_batch_size=self.train_batch_size,
+                rollout_n=self.rollout.n,
+                async_enabled=self.async_.enabled,
+                async_train_batch_size=self.async_.async_train_batch_size,
+                max_carry_over_age_steps=self.async_.max_carry_over_age_steps,
+                staleness_policy=self.async_.staleness_policy,
+            )
+        except ValidationError as error:
+            messages = "; ".join(
+                str(detail.get("ctx", {}).get("error", detail["msg"])) for detail in error.errors()
+            )
+            raise FieldRuleError(messages, field_path=("async", "asyncTrainBatchSize")) from None

@@ -1,0 +1,182 @@
+"""The status of an AsyncTrainingRun: the one summary of a run's progress, written only by the operator.
+
+`kubectl get atr` reads it through the printer columns, so it carries the seed's six per-step metrics under
+the names the CRD shows. The helpers here are pure (no clock, no I/O) so that the operator can compute the
+next status, compare it with the stored one, and write only when something changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+from pydantic import AwareDatetime, Field
+
+from asyncrl.api.types.meta import ApiModel
+from asyncrl.rollouts import RolloutState
+
+
+class Phase(StrEnum):
+    """Where a run is in its life."""
+
+    PENDING = "Pending"  # accepted; child objects not created yet
+    STARTING = "Starting"  # trainer pod and gateway starting, model loading
+    RUNNING = "Running"  # rollouts and updates under way
+    SUCCEEDED = "Succeeded"  # reached totalSteps or the end of the data
+    FAILED = "Failed"  # stopped by an error the operator cannot recover from
+    SUSPENDED = "Suspended"  # spec.suspend is true
+
+    @property
+    def is_terminal(self) -> bool:
+        """A terminal run never changes phase again; its children are only cleaned up."""
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """One aspect of the run's state, as in metav1.Condition."""
+
+    type: str = Field(
+        min_length=1, description="What the condition is about, in CamelCase (e.g. TrainerReady)."
+    )
+    status: ConditionStatus = Field(description="`True`, `False` or `Unknown`.")
+    reason: str = Field(min_length=1, description="Why the condition has this status, in CamelCase.")
+    message: str = Field(default="", description="Details for people.")
+    last_transition_time: AwareDatetime = Field(description="When the status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec the condition was computed from."
+    )
+
+
+def with_condition(conditions: Sequence[Condition], condition: Condition) -> list[Condition]:
+    """`conditions` with `condition` set in place of the one of its type.
+
+    The stored lastTransitionTime is kept while the status does not change, so that re-asserting a condition
+    leaves the status as it was (and the operator writes nothing).
+    """
+    updated: list[Condition] = []
+    found = False
+    for current in conditions:
+        if current.type != condition.type:
+            updated.append(current)
+            continue
+        found = True
+        if current.status == condition.status:
+            condition = condition.model_copy(update={"last_transition_time": current.last_transition_time})
+        updated.append(condition)
+    if not found:
+        updated.append(condition)
+    return updated
+
+
+class RolloutCounts(ApiModel):
+    """Rollouts of the run by state, as the gateway's store counts them."""
+
+    queued: int = Field(default=0, ge=0, description="Created, agent Job not running yet.")
+    running: int = Field(default=0, ge=0, description="Agent Job running.")
+    succeeded: int = Field(default=0, ge=0, description="Finished with a reward.")
+    failed: int = Field(default=0, ge=0, description="Agent failed.")
+    timed_out: int = Field(default=0, ge=0, description="Not finished within rolloutTimeoutSeconds.")
+    cancelled: int = Field(default=0, ge=0, description="Cancelled (stale group, suspended or deleted run).")
+
+    @classmethod
+    def from_states(cls, counts: Mapping[RolloutState, int]) -> RolloutCounts:
+        """Counts keyed by rollout state (e.g. a Counter of states) as status counts."""
+        return cls(**{state.name.lower(): counts.get(state, 0) for state in RolloutState})
+
+
+class JobCounts(ApiModel):
+    """Agent Jobs of the run."""
+
+    active: int = Field(default=0, ge=0, description="Agent Jobs that have not finished.")
+    created: int = Field(default=0, ge=0, description="Agent Jobs created since the run started.")
+    failed: int = Field(default=0, ge=0, description="Agent Jobs that failed.")
+
+
+# The trainer's per-step metrics (asyncrl.trainer.window.StepSummary.metrics) -> status fields.
+SEED_METRIC_FIELDS: Mapping[str, str] = {
+    "training/async/n_prev_carry_over_rollouts": "prev_carry_over_rollouts",
+    "training/async/n_completed_rollouts": "completed_rollouts",
+    "training/async/n_new_carry_over_rollouts": "new_carry_over_rollouts",
+    "training/async/new_carry_over_age_max_steps": "carry_over_age_max_steps",
+    "training/async/proxy_inflight_at_pause": "proxy_inflight_at_pause",
+    "training/async/proxy_drain_seconds": "proxy_drain_seconds",
+}
+
+
+class AsyncTrainingRunStatus(ApiModel):
+    """Progress of the run; the operator is its only writer."""
+
+    phase: Phase | None = Field(
+        default=None, description="Pending, Starting, Running, Succeeded, Failed or Suspended."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec this status reflects."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Detailed state, one condition per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    step: int | None = Field(
+        default=None, ge=0, description="Last completed update (0-based optimizer step)."
+    )
+    prev_carry_over_rollouts: int | None = Field(
+        default=None, ge=0, description="Rollouts in the window when the last step began."
+    )
+    completed_rollouts: int | None = Field(
+        default=None, ge=0, description="Rollouts in the groups the last update trained on."
+    )
+    new_carry_over_rollouts: int | None = Field(
+        default=None, ge=0, description="Rollouts in the groups the last update carried over."
+    )
+    carry_over_age_max_steps: int | None = Field(
+        default=None, ge=0, description="Age, in updates, of the oldest group the last update carried over."
+    )
+    proxy_inflight_at_pause: int | None = Field(
+        default=None, ge=0, description="Model calls in flight when the gateway paused for the last update."
+    )
+    proxy_drain_seconds: float | None = Field(
+        default=None, ge=0, description="Seconds the gateway took to drain them."
+    )
+    carry_over_age_histogram: dict[str, int] | None = Field(
+        default=None, description="Carried-over groups by age in updates, after the last update."
+    )
+    active_groups: int | None = Field(default=None, ge=0, description="Prompt groups in the window now.")
+    rollouts: RolloutCounts | None = Field(default=None, description="Rollouts by state.")
+    jobs: JobCounts | None = Field(default=None, description="Agent Jobs.")
+    start_time: AwareDatetime | None = Field(default=None, description="When the trainer started.")
+    last_step_time: AwareDatetime | None = Field(default=None, description="When the last update finished.")
+    message: str | None = Field(default=None, description="What the run is doing or why it stopped.")
+
+    def with_window_summary(
+        self, summary: Mapping[str, Any], *, now: AwareDatetime
+    ) -> AsyncTrainingRunStatus:
+        """This status with the trainer's window summary (the gateway's /api/window/summary) applied.
+
+        `summary` has `step`, `metrics` (seed metric names), `carry_over_age_histogram` and `active_groups`.
+        lastStepTime becomes `now` only when the step advanced, so an unchanged summary changes nothing.
+        """
+        update: dict[str, Any] = {}
+        step = int(summary["step"])
+        if step != self.step:
+            update["step"] = step
+            update["last_step_time"] = now
+        metrics: Mapping[str, float] = summary.get("metrics") or {}
+        for metric, field_name in SEED_METRIC_FIELDS.items():
+            if metric in metrics:
+                value = metrics[metric]
+                update[field_name] = float(value) if field_name == "proxy_drain_seconds" else round(value)
+        if "carry_over_age_histogram" in summary:
+            update["carry_over_age_histogram"] = {
+                str(age): int(count) for age, count in summary["carry_over_age_histogram"].items()
+            }
+        if "active_groups" in summary:
+            update["active_groups"] = int(summary["active_groups"])
+        return self.model_copy(update=update)

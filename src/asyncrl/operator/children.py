@@ -1,0 +1,195 @@
+"""The child objects of a run, built as plain manifests from its spec (pure; the reconciler creates them).
+
+- the gateway key Secret (only when the user gave none),
+- a ConfigMap with the run (what the trainer reads) and the agent template,
+- the trainer Job: one pod; the trainer container holds the GPUs, the gateway runs as a native sidecar (an
+  init container with `restartPolicy: Always`), so it outlives a trainer-container restart,
+- the gateway Service that agents and the operator use.
+Every child carries the common labels and an ownerReference to the run, so deleting the run deletes them.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from asyncrl.api import AsyncTrainingRunSpec
+from asyncrl.operator import names
+
+JSON = dict[str, Any]
+CONFIG_DIR = "/etc/asyncrl/config"
+KEY_DIR = "/etc/asyncrl/gateway-key"
+CHECKPOINT_DIR = "/var/lib/asyncrl/checkpoints"
+RUN_FILE = "run.yaml"
+TEMPLATE_FILE = "agent-job.yaml.j2"
+
+
+def owner_reference(run: Mapping[str, Any]) -> JSON:
+    return {
+        "apiVersion": run["apiVersion"],
+        "kind": run["kind"],
+        "name": run["metadata"]["name"],
+        "uid": run["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(run: Mapping[str, Any], name: str, component: str) -> JSON:
+    return {
+        "name": name,
+        "namespace": run["metadata"]["namespace"],
+        "labels": names.common_labels(run["metadata"]["name"], component),
+        "ownerReferences": [owner_reference(run)],
+    }
+
+
+def gateway_key_ref(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> tuple[str, str]:
+    """(secret name, key) of the gateway key: the user's Secret, or the one the operator generates."""
+    if spec.gateway.key_secret_ref is not None:
+        return spec.gateway.key_secret_ref.name, spec.gateway.key_secret_ref.key
+    return names.gateway_key_secret_name(run["metadata"]["name"]), "key"
+
+
+def gateway_key_secret(run: Mapping[str, Any]) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(
+            run, names.gateway_key_secret_name(run["metadata"]["name"]), names.COMPONENT_GATEWAY
+        ),
+        "type": "Opaque",
+        "stringData": {"key": secrets.token_urlsafe(32)},
+    }
+
+
+def config_map(run: Mapping[str, Any], template_source: str | None) -> JSON:
+    """The run as the trainer reads it (name, namespace, uid, spec) and, when inline, the agent template."""
+    document = {
+        "apiVersion": run["apiVersion"],
+        "kind": run["kind"],
+        "metadata": {key: run["metadata"][key] for key in ("name", "namespace", "uid")},
+        "spec": run["spec"],
+    }
+    data = {RUN_FILE: yaml.safe_dump(document, sort_keys=True)}
+    if template_source is not None:
+        data[TEMPLATE_FILE] = template_source
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(run, names.config_map_name(run["metadata"]["name"]), names.COMPONENT_TRAINER),
+        "data": data,
+    }
+
+
+def inference_port(spec: AsyncTrainingRunSpec) -> int:
+    """The trainer's inference server port: next to the gateway's (pods on one host in local tests)."""
+    return spec.gateway.port + 1 if spec.gateway.port < 65535 else spec.gateway.port - 1
+
+
+def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
+    run_name = run["metadata"]["name"]
+    port = spec.gateway.port
+    secret_name, secret_key = gateway_key_ref(run, spec)
+    resources: JSON = json.loads(json.dumps(spec.trainer.resources or {}))
+    if spec.trainer.gpus:
+        for section in ("limits", "requests"):
+            resources.setdefault(section, {})["nvidia.com/gpu"] = spec.trainer.gpus
+    gateway = {
+        "name": "gateway",
+        "image": spec.gateway.image,
+        "restartPolicy": "Always",  # a native sidecar: starts first, keeps running, stops after the trainer
+        "command": ["asyncrl", "gateway"],
+        "args": [
+            "--host=0.0.0.0",
+            f"--port={port}",
+            f"--upstream=http://127.0.0.1:{inference_port(spec)}",
+            f"--model={spec.model.name}",
+            f"--key-file={KEY_DIR}/{secret_key}",
+            f"--retry-after-seconds={spec.gateway.retry_after_seconds}",
+        ],
+        "ports": [{"name": "gateway", "containerPort": port}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"}, "periodSeconds": 2},
+        "volumeMounts": [{"name": "gateway-key", "mountPath": KEY_DIR, "readOnly": True}],
+    }
+    env: list[JSON] = [
+        {
+            "name": "ASYNCRL_GATEWAY_KEY",
+            "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}},
+        },
+        {"name": "WANDB_MODE", "value": spec.logging.wandb.mode.value},
+    ]
+    if spec.logging.wandb.api_key_secret_ref is not None:
+        ref = spec.logging.wandb.api_key_secret_ref
+        env.append(
+            {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    trainer = {
+        "name": "trainer",
+        "image": spec.trainer.image,
+        "command": ["asyncrl", "trainer"],
+        "args": [
+            f"--config={CONFIG_DIR}/{RUN_FILE}",
+            f"--gateway-url=http://127.0.0.1:{port}",
+            f"--inference-port={inference_port(spec)}",
+            f"--checkpoint-dir={CHECKPOINT_DIR}",
+        ],
+        "env": env,
+        "resources": resources,
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
+        ],
+    }
+    checkpoints: JSON = (
+        {"persistentVolumeClaim": {"claimName": spec.trainer.checkpoint.claim_name}}
+        if spec.trainer.checkpoint.claim_name
+        else {"emptyDir": {}}
+    )
+    labels = names.common_labels(run_name, names.COMPONENT_TRAINER)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(run, names.trainer_job_name(run_name), names.COMPONENT_TRAINER),
+        "spec": {
+            "suspend": spec.suspend,
+            "backoffLimit": 3,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    # OnFailure restarts the trainer container in place; the gateway sidecar (and with it the
+                    # rollout store and the window) survives, and the trainer recovers from it.
+                    "restartPolicy": "OnFailure",
+                    "initContainers": [gateway],
+                    "containers": [trainer],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": names.config_map_name(run_name)}},
+                        {"name": "gateway-key", "secret": {"secretName": secret_name}},
+                        {"name": "checkpoints", **checkpoints},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def gateway_service(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
+    run_name = run["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(run, names.gateway_service_name(run_name), names.COMPONENT_GATEWAY),
+        "spec": {
+            "selector": names.common_labels(run_name, names.COMPONENT_TRAINER),
+            "ports": [{"name": "gateway", "port": spec.gateway.port, "targetPort": "gateway"}],
+        },
+    }
+
+
+def gateway_service_url(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> str:
+    service = names.gateway_service_name(run["metadata"]["name"])
+    return f"http://{service}.{run['metadata']['namespace']}.svc:{spec.gateway.port}"

@@ -1,0 +1,213 @@
+"""kopf wiring: one daemon per run (children, then the run's controller), spec updates, one Job watch per
+namespace. Everything substantial lives in `children`, `controller` and `status`; this module only connects
+them to kopf's lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from asyncrl.api import AsyncTrainingRun, AsyncTrainingRunSpec
+from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
+from asyncrl.operator import children, names
+from asyncrl.operator.controller import RunContext, RunController
+from asyncrl.operator.kube import JSON, JobWatch, Kube
+from asyncrl.operator.metrics import OperatorMetrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OperatorConfig:
+    """Filled from `asyncrl operator` flags and handed to the handlers through kopf's memo."""
+
+    namespaces: list[str] = field(default_factory=list)  # empty: cluster-wide
+    gateway_address: str = "service"  # "service": the run's Service DNS name; "localhost": 127.0.0.1:<port>
+    api_client: Any = None
+
+
+@dataclass
+class Runtime:
+    config: OperatorConfig
+    kube: Kube
+    metrics: OperatorMetrics
+    controllers: dict[tuple[str, str], RunController] = field(default_factory=dict)
+    watches: list[JobWatch] = field(default_factory=list)
+
+    def deliver(self, event_type: str, job: JSON) -> None:
+        labels = job["metadata"].get("labels") or {}
+        run = labels.get(names.LABEL_RUN)
+        controller = self.controllers.get((job["metadata"]["namespace"], run or ""))
+        if controller is not None:
+            controller.on_job_event(event_type, job)
+
+
+def _runtime(memo: Any) -> Runtime:
+    runtime: Runtime = memo.runtime
+    return runtime
+
+
+@kopf.on.login()
+def _login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """kopf uses the same identity as our own client (in-cluster service account or the kubeconfig)."""
+    configuration = memo.config.api_client.configuration
+    api_key: dict[str, str] = configuration.api_key or {}
+    authorization: str = api_key.get("BearerToken") or api_key.get("authorization") or ""
+    scheme, _space, token = authorization.partition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+@kopf.on.startup()
+async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # Progress and diff-base go to annotations: the status belongs to our schema (kopf's would be pruned).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.posting.level = logging.WARNING
+    config: OperatorConfig = memo.config
+    runtime = Runtime(config=config, kube=Kube(config.api_client), metrics=memo.metrics)
+    memo.runtime = runtime
+    scopes: list[str | None] = list(config.namespaces) or [None]
+    for namespace in scopes:
+        watch = JobWatch(runtime.kube, namespace, runtime.deliver)
+        watch.start()
+        runtime.watches.append(watch)
+
+
+@kopf.on.cleanup()
+async def _cleanup(memo: Any, **_: Any) -> None:
+    for watch in _runtime(memo).watches:
+        watch.stop()
+
+
+def _parse(body: kopf.Body) -> tuple[JSON, AsyncTrainingRunSpec]:
+    run: JSON = {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": dict(body["metadata"]),
+        "spec": dict(body["spec"]),
+        "status": dict(body.get("status") or {}),
+    }
+    parsed = AsyncTrainingRun.model_validate(
+        {key: run[key] for key in ("apiVersion", "kind", "metadata", "spec")}
+    )
+    return run, parsed.spec
+
+
+async def _template_source(kube: Kube, namespace: str, spec: AsyncTrainingRunSpec) -> str:
+    template = spec.agents.template
+    if template.inline is not None:
+        return template.inline
+    assert template.config_map_ref is not None
+    return await kube.read_config_map_key(
+        namespace, template.config_map_ref.name, template.config_map_ref.key
+    )
+
+
+async def _reconcile_children(kube: Kube, run: JSON, spec: AsyncTrainingRunSpec, template: str) -> None:
+    """Create what is missing (create-or-get: safe to repeat, never duplicates)."""
+    desired = [
+        children.config_map(run, template if spec.agents.template.inline is not None else None),
+        children.gateway_service(run, spec),
+        children.trainer_job(run, spec),
+    ]
+    if spec.gateway.key_secret_ref is None:
+        desired.insert(0, children.gateway_key_secret(run))
+    for body in desired:
+        _, created = await kube.create_or_get(body)
+        if created:
+            logger.info(
+                "run %s: created %s %s", run["metadata"]["name"], body["kind"], body["metadata"]["name"]
+            )
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def run_daemon(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    runtime = _runtime(memo)
+    try:
+        run, spec = _parse(body)
+    except ValidationError as error:  # the CRD admits it, so this means an operator/CRD version skew
+        runtime.metrics.errors.labels("invalid_run").inc()
+        logger.error("run %s is invalid for this operator: %s", body["metadata"]["name"], error)
+        return
+    namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
+    kube = runtime.kube
+    try:
+        template = await _template_source(kube, namespace, spec)
+        await _reconcile_children(kube, run, spec, template)
+        secret_name, secret_key = children.gateway_key_ref(run, spec)
+        gateway_key = await kube.read_secret_key(namespace, secret_name, secret_key)
+    except Exception as error:
+        runtime.metrics.reconciles.labels("error").inc()
+        await kube.post_event(run, reason="ReconcileError", message=str(error), warning=True)
+        raise kopf.TemporaryError(f"reconciling children failed: {error}", delay=10) from error
+    runtime.metrics.reconciles.labels("ok").inc()
+    if runtime.config.gateway_address == "localhost":
+        gateway_url = f"http://127.0.0.1:{spec.gateway.port}"
+    else:
+        gateway_url = children.gateway_service_url(run, spec)
+    context = RunContext(
+        run=run,
+        spec=spec,
+        gateway_url=gateway_url,
+        agent_gateway_url=spec.gateway.agent_url or gateway_url,
+        gateway_key=gateway_key,
+        template_source=template,
+    )
+    controller = RunController(context, kube=kube, metrics=runtime.metrics)
+    runtime.controllers[(namespace, name)] = controller
+    # The Job watch only delivers changes; replay the current Jobs of this run so nothing is missed.
+    for job in await kube.list_agent_jobs(namespace, name):
+        controller.on_job_event("SYNC", job)
+    trainer = await kube.read_job(namespace, names.trainer_job_name(name))
+    if trainer is not None:
+        controller.on_job_event("SYNC", trainer)
+    work = asyncio.create_task(controller.run(), name=f"run-{namespace}/{name}")
+
+    async def wait_stopped() -> None:
+        await stopped.wait()
+
+    stop = asyncio.create_task(wait_stopped())
+    try:
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            work.result()
+    finally:
+        work.cancel()
+        stop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        if runtime.controllers.get((namespace, name)) is controller:
+            del runtime.controllers[(namespace, name)]
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+async def spec_updated(body: kopf.Body, memo: Any, old: Any, new: Any, **_: Any) -> None:
+    runtime = _runtime(memo)
+    run, spec = _parse(body)
+    namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
+    controller = runtime.controllers.get((namespace, name))
+    if controller is not None:
+        controller.update_spec(run, spec)
+    if (old or {}).get("suspend") != (new or {}).get("suspend"):
+        await runtime.kube.patch_job_suspend(namespace, names.trainer_job_name(name), spec.suspend)
+        await runtime.kube.post_event(
+            run, reason="Suspended" if spec.suspend else "Resumed", message="spec.suspend"
+        )

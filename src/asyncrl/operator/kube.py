@@ -1,0 +1,251 @@
+"""The operator's Kubernetes calls: create-or-get children, agent Jobs, status patches, Events, a Job watch.
+
+The official client is synchronous; calls run in worker threads (`asyncio.to_thread`) so the operator's
+event loop (kopf's) never blocks. Bodies and results are plain JSON dicts, the same shape as the manifests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
+from asyncrl.operator import names
+
+logger = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+
+class Kube:
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.core: Any = client.CoreV1Api(api_client)
+        self.batch: Any = client.BatchV1Api(api_client)
+        self.custom: Any = client.CustomObjectsApi(api_client)
+
+    @staticmethod
+    def _json(response: Any) -> JSON:
+        result: JSON = json.loads(response.data)
+        return result
+
+    async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON:
+        response = await asyncio.to_thread(method, *args, _preload_content=False, **kwargs)
+        return self._json(response)
+
+    # -- children -----------------------------------------------------------------------------------------
+
+    async def create_or_get(self, body: JSON) -> tuple[JSON, bool]:
+        """Create `body` unless an object of that name exists; return (object, created)."""
+        from kubernetes.client.exceptions import ApiException
+
+        kind, namespace, name = body["kind"], body["metadata"]["namespace"], body["metadata"]["name"]
+        create, read = self._methods(kind)
+        try:
+            return await self._call(create, namespace, body), True
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        return await self._call(read, name, namespace), False
+
+    def _methods(self, kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        table = {
+            "Secret": (self.core.create_namespaced_secret, self.core.read_namespaced_secret),
+            "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
+            "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
+            "Job": (self.batch.create_namespaced_job, self.batch.read_namespaced_job),
+        }
+        return table[kind]
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+        import base64
+
+        secret = await self._call(self.core.read_namespaced_secret, name, namespace)
+        data = secret.get("data") or {}
+        if key not in data:
+            raise KeyError(f"secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(data[key]).decode()
+
+    async def read_config_map_key(self, namespace: str, name: str, key: str) -> str:
+        config_map = await self._call(self.core.read_namespaced_config_map, name, namespace)
+        data = config_map.get("data") or {}
+        if key not in data:
+            raise KeyError(f"configmap {namespace}/{name} has no key {key!r}")
+        return str(data[key])
+
+    async def read_job(self, namespace: str, name: str) -> JSON | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return await self._call(self.batch.read_namespaced_job, name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def patch_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
+        await self._call(self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})
+
+    # -- agent Jobs ---------------------------------------------------------------------------------------
+
+    async def create_job(self, body: JSON) -> bool:
+        """Create an agent Job; False when it already exists (a restart re-claiming the same rollout)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            await self._call(self.batch.create_namespaced_job, body["metadata"]["namespace"], body)
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and, in the background, its pods (no orphans)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            await asyncio.to_thread(
+                self.batch.delete_namespaced_job, name, namespace, body={"propagationPolicy": "Background"}
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    async def list_agent_jobs(self, namespace: str, run: str) -> list[JSON]:
+        selector = f"{names.AGENT_JOB_SELECTOR},{names.LABEL_RUN}={run}"
+        listing = await self._call(self.batch.list_namespaced_job, namespace, label_selector=selector)
+        items: list[JSON] = listing["items"]
+        return items
+
+    # -- the run ------------------------------------------------------------------------------------------
+
+    async def patch_run_status(self, namespace: str, name: str, status: JSON) -> None:
+        await self._call(
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": status},
+        )
+
+    async def read_run(self, namespace: str, name: str) -> JSON:
+        return await self._call(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+        )
+
+    async def post_event(self, run: JSON, *, reason: str, message: str, warning: bool = False) -> None:
+        """A Kubernetes Event on the run (what `kubectl describe atr` shows); failures are only logged."""
+        metadata = run["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        event = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            # kubectl's convention: <object>.<unique suffix> (generateName may not end in a dot).
+            "metadata": {
+                "name": f"{metadata['name']}.{secrets.token_hex(8)}",
+                "namespace": metadata["namespace"],
+            },
+            "eventTime": now,
+            "reportingController": f"{GROUP}/operator",
+            "reportingInstance": "asyncrl-operator",
+            "action": reason,
+            "reason": reason,
+            "note": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "regarding": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "AsyncTrainingRun",
+                "name": metadata["name"],
+                "namespace": metadata["namespace"],
+                "uid": metadata["uid"],
+            },
+        }
+        from kubernetes import client
+
+        try:
+            events: Any = client.EventsV1Api(self.api_client)
+            await asyncio.to_thread(
+                events.create_namespaced_event, metadata["namespace"], event, _preload_content=False
+            )
+        except Exception as error:
+            logger.warning("could not post event %s on %s: %s", reason, metadata["name"], error)
+
+
+class JobWatch:
+    """One server-side label-selected watch of our Jobs per namespace, delivered into the event loop.
+
+    kopf's label filters are evaluated client-side over a watch of every Job in scope, so this watch uses
+    the API server's label selector instead. It runs in a thread (the client is synchronous) and hands each
+    event to `deliver` on the operator's loop; after a disconnect it relists, so no Job state is missed.
+    """
+
+    def __init__(self, kube: Kube, namespace: str | None, deliver: Callable[[str, JSON], None]) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.deliver = deliver
+        self._loop = asyncio.get_running_loop()
+        self._stopping = threading.Event()
+        self._watch: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"job-watch-{namespace or 'all'}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._watch is not None:
+            self._watch.stop()
+
+    def _list(self, **kwargs: Any) -> Any:
+        if self.namespace:
+            return self.kube.batch.list_namespaced_job(self.namespace, **kwargs)
+        return self.kube.batch.list_job_for_all_namespaces(**kwargs)
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        resource_version = ""
+        while not self._stopping.is_set():
+            try:
+                if not resource_version:
+                    listing = json.loads(
+                        self._list(label_selector=names.JOB_SELECTOR, _preload_content=False).data
+                    )
+                    resource_version = listing["metadata"]["resourceVersion"]
+                    for job in listing["items"]:
+                        self._loop.call_soon_threadsafe(self.deliver, "SYNC", job)
+                self._watch = watch.Watch()  # type: ignore[no-untyped-call]
+                stream = self._watch.stream(
+                    self._list,
+                    label_selector=names.JOB_SELECTOR,
+                    resource_version=resource_version,
+                    timeout_seconds=300,
+                    allow_watch_bookmarks=True,
+                )
+                for event in stream:
+                    if self._stopping.is_set():
+                        return
+                    raw: JSON = event["raw_object"]
+                    if event["type"] == "ERROR":
+                        resource_version = ""
+                        break
+                    resource_version = raw["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._loop.call_soon_threadsafe(self.deliver, event["type"], raw)
+            except Exception as error:
+                if self._stopping.is_set():
+                    return
+                logger.warning("agent Job watch (%s) failed, relisting: %s", self.namespace or "all", error)
+                resource_version = ""
+                self._stopping.wait(1.0)

@@ -1,0 +1,81 @@
+"""`asyncrl operator`: run the kopf operator for AsyncTrainingRuns in some namespaces or cluster-wide."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from asyncrl.operator.metrics import OperatorMetrics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    parser.add_argument(
+        "--gateway-address",
+        choices=["service", "localhost"],
+        default="service",
+        help="reach each run's gateway through its Service (in a cluster) or on 127.0.0.1 (local tests)",
+    )
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
+    parser.add_argument(
+        "--health-port", type=int, default=0, help="serve kopf's liveness probe here (0: off)"
+    )
+    parser.add_argument(
+        "--peering",
+        default=None,
+        metavar="NAME",
+        help="coordinate replicas through kopf peering (needs kopf's peering CRD); default: standalone",
+    )
+    parser.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or ~/.kube/config)"
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _api_client(kubeconfig: str | None) -> object:
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    return client.ApiClient(configuration)
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    import asyncrl.operator.handlers as handlers
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.kubeconfig:
+        import os
+
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
+    if not args.namespace and not args.all_namespaces:
+        raise SystemExit("asyncrl operator: give --namespace NS (repeatable) or --all-namespaces")
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr="0.0.0.0", registry=metrics.registry)
+    config = handlers.OperatorConfig(
+        namespaces=list(args.namespace),
+        gateway_address=args.gateway_address,
+        api_client=_api_client(args.kubeconfig),
+    )
+    kopf.run(
+        clusterwide=bool(args.all_namespaces),
+        namespaces=list(args.namespace),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        memo=kopf.Memo(config=config, metrics=metrics),
+    )
+    return 0

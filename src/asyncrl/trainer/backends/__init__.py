@@ -1,0 +1,141 @@
+"""What the step loop needs from a training backend, and nothing more.
+
+The trainer's step loop (window, gateway pause/drain, metrics) is the same for every backend; only the four
+things below differ between the CPU reference backend and the verl GPU backend:
+
+1. an OpenAI-compatible inference endpoint that the gateway forwards model calls to (`serve_url`), serving
+   weights whose training step is `model_version`;
+2. `sleep()` / `wake()` around an update, so collocated inference gives the accelerator memory back
+   (vLLM's sleep mode on GPU; no-ops on CPU);
+3. `update()`: one optimizer step of GRPO on the rows of complete groups;
+4. checkpoints of weights, optimizer and step.
+
+This module imports no ML library, so the operator and the gateway can name these types without torch.
+
+Versions and steps: steps are 0-based. The weights served before any update are version 0; `update(rows,
+step=s)` leaves version `s + 1` served. A checkpoint's `step` is the next step to run, which is also the
+version of the saved weights.
+
+Call order in one step of the loop (the gateway is paused and drained first):
+`await backend.sleep()` → `await backend.update(rows, step=s)` → `await backend.wake()` → resume the gateway
+with `model_version=backend.model_version`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from asyncrl.trainer.rows import TrainingRow
+
+
+@dataclass(frozen=True)
+class UpdateMetrics:
+    """What one update did, for W&B, Prometheus and the step log.
+
+    Importance weights are the rollout-correction weights the loss was multiplied by, over trained tokens
+    only; they are None when rollout correction is off.
+    """
+
+    step: int  # the step this update ran as
+    model_version: int  # the version served after the update (step + 1)
+    loss: float  # the policy loss, mean over the mini-batch steps of this update
+    grad_norm: float  # gradient norm before clipping, mean over the mini-batch steps
+    reward_mean: float  # over rows
+    reward_std: float  # over rows (population std)
+    rows: int
+    trained_tokens: int  # response tokens with mask 1
+    total_tokens: int  # prompt + response tokens of all rows
+    seconds: float  # wall time of the update, from rows to new weights served
+    tokens_per_second: float  # total_tokens / seconds
+    clip_fraction: float  # fraction of trained tokens whose PPO ratio was clipped
+    ppo_kl: float  # approx. KL(old policy || current) over trained tokens, mean over mini-batch steps
+    importance_weight_mean: float | None = None
+    importance_weight_max: float | None = None
+    importance_weight_min: float | None = None
+    extra: Mapping[str, float] = field(default_factory=dict)  # the algorithm library's own metrics, verbatim
+
+    def as_dict(self, prefix: str = "training/update/") -> dict[str, float]:
+        """Flat metric names for W&B and Prometheus; `extra` keeps its own names (e.g. `rollout_corr/...`)."""
+        values: dict[str, float] = {}
+        for name in (
+            "step",
+            "model_version",
+            "loss",
+            "grad_norm",
+            "reward_mean",
+            "reward_std",
+            "rows",
+            "trained_tokens",
+            "total_tokens",
+            "seconds",
+            "tokens_per_second",
+            "clip_fraction",
+            "ppo_kl",
+            "importance_weight_mean",
+            "importance_weight_max",
+            "importance_weight_min",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                values[prefix + name] = float(value)
+        values.update(self.extra)
+        return values
+
+
+class TrainerBackend(Protocol):
+    """A policy that serves an OpenAI-compatible endpoint and trains on rows, in one (collocated) process.
+
+    `start()` must return with the endpoint accepting requests; `stop()` releases the port and any threads.
+    Every other method needs a started backend.
+    """
+
+    @property
+    def serve_url(self) -> str:
+        """Base URL of the inference endpoint (without `/v1`): the gateway's `--upstream`."""
+        ...
+
+    @property
+    def model_version(self) -> int:
+        """The training step of the weights being served: 0 before any update, `s + 1` after step `s`."""
+        ...
+
+    async def start(self) -> None:
+        """Build or load the policy and start serving it."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop serving and release resources; idempotent."""
+        ...
+
+    async def sleep(self) -> None:
+        """Free inference memory for the update (collocated GPUs); callers drain the gateway first."""
+        ...
+
+    async def wake(self) -> None:
+        """Serve again, with whatever weights the last update left; idempotent."""
+        ...
+
+    async def update(self, rows: Sequence[TrainingRow], *, step: int) -> UpdateMetrics:
+        """Train on the rows of complete groups (GRPO groups by `row.group_id`); then serve `step + 1`.
+
+        Raises ValueError for rows the backend cannot train on (no trained token at all, longer than the
+        model's context, token ids outside the vocabulary).
+        """
+        ...
+
+    async def save_checkpoint(self, path: Path, *, step: int) -> None:
+        """Write weights, optimizer state and `step` (the next step to run) to the directory `path`.
+
+        Atomic: `path` holds the old checkpoint or the new one, never a partial one.
+        """
+        ...
+
+    async def load_checkpoint(self, path: Path) -> int:
+        """Restore weights and optimizer state from `path`, serve them, and return the saved step."""
+        ...
+
+
+__all__ = ["TrainerBackend", "TrainingRow", "UpdateMetrics"]

@@ -1,0 +1,236 @@
+"""The reference backend's inference endpoint: an aiohttp server inside the trainer process.
+
+It plays vLLM's part on CPU: the gateway forwards agents' model calls here and captures token ids and
+log-probs from the answers. It runs on the event loop of whoever starts it (the trainer's), and samples in
+a small thread pool, so a long generation never blocks the loop and an update (which runs in another
+thread) never blocks serving. Each request reads the published `ServedPolicy` once and generates from it
+to the end, so every answer comes from one version of the weights, and that version is in the answer.
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health.
+`python -m asyncrl.trainer.backends.reference.server --port P` serves an untrained model on its own (for
+trying agents and the gateway without a trainer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from aiohttp import web
+from transformers import PreTrainedTokenizerFast
+
+from asyncrl.trainer.backends.reference.config import ModelConfig, ServerConfig
+from asyncrl.trainer.backends.reference.model import ServedPolicy, build_policy_model, freeze_for_serving
+from asyncrl.trainer.backends.reference.openai_api import (
+    ApiError,
+    Generation,
+    chat_response,
+    completion_response,
+    parse_chat,
+    parse_completion,
+)
+from asyncrl.trainer.backends.reference.sampling import Sample, generate
+from asyncrl.trainer.backends.reference.tokenizer import build_tokenizer, stop_token_ids
+
+logger = logging.getLogger(__name__)
+
+MODEL_VERSION_HEADER = "x-asyncrl-model-version"
+
+
+class InferenceServer:
+    """Serves the latest published policy over OpenAI-compatible HTTP."""
+
+    def __init__(
+        self,
+        *,
+        config: ServerConfig,
+        tokenizer: PreTrainedTokenizerFast,
+        max_model_len: int,
+        policy: ServedPolicy,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self._policy = policy
+        self._stop_token_ids = stop_token_ids(tokenizer)
+        self._runner: web.AppRunner | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._port: int | None = None
+
+    @property
+    def policy(self) -> ServedPolicy:
+        return self._policy
+
+    def publish(self, policy: ServedPolicy) -> None:
+        """Serve `policy` from the next request on; requests in flight finish on the one they started with."""
+        self._policy = policy
+
+    @property
+    def url(self) -> str:
+        """Base URL without `/v1`; valid once started."""
+        if self._port is None:
+            raise RuntimeError("the inference server is not started")
+        return f"http://{self.config.host}:{self._port}"
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        self._executor = ThreadPoolExecutor(
+            self.config.worker_threads, thread_name_prefix="asyncrl-inference"
+        )
+        runner = web.AppRunner(self.build_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.host, self.config.port)
+        await site.start()
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+        logger.info("reference inference server listening on %s", self.url)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        self._port = None
+
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def _chat_completions(self, request: web.Request) -> web.Response:
+        try:
+            parsed, generation = parse_chat(
+                await _json_body(request),
+                tokenizer=self.tokenizer,
+                config=self.config,
+                max_model_len=self.max_model_len,
+            )
+            policy = self._policy
+            samples = await self._sample(policy, generation)
+        except ApiError as error:
+            return web.json_response(error.body(), status=error.status)
+        body = chat_response(
+            parsed,
+            generation,
+            samples,
+            tokenizer=self.tokenizer,
+            model_name=self.config.served_model_name,
+            model_version=policy.version,
+        )
+        return _answer(body, policy.version)
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        try:
+            parsed, generation = parse_completion(
+                await _json_body(request),
+                tokenizer=self.tokenizer,
+                config=self.config,
+                max_model_len=self.max_model_len,
+            )
+            policy = self._policy
+            samples = await self._sample(policy, generation)
+        except ApiError as error:
+            return web.json_response(error.body(), status=error.status)
+        body = completion_response(
+            parsed,
+            generation,
+            samples,
+            tokenizer=self.tokenizer,
+            model_name=self.config.served_model_name,
+            model_version=policy.version,
+        )
+        return _answer(body, policy.version)
+
+    async def _models(self, _request: web.Request) -> web.Response:
+        model = {
+            "id": self.config.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "asyncrl",
+            "max_model_len": self.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        version = self._policy.version
+        return _answer({"status": "ok", "model_version": version}, version)
+
+    async def _sample(self, policy: ServedPolicy, generation: Generation) -> list[Sample]:
+        if self._executor is None:
+            raise ApiError(503, "the inference server is stopping", error_type="ServiceUnavailableError")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._sample_blocking, policy, generation)
+
+    def _sample_blocking(self, policy: ServedPolicy, generation: Generation) -> list[Sample]:
+        seed = generation.seed if generation.seed is not None else secrets.randbits(63)
+        generator = torch.Generator().manual_seed(seed)
+        stop_token_ids = frozenset[int]() if generation.ignore_eos else self._stop_token_ids
+        return [
+            generate(
+                policy.model,
+                self.tokenizer,
+                prompt_token_ids=generation.prompt_token_ids,
+                params=generation.params,
+                stop_token_ids=stop_token_ids,
+                generator=generator,
+            )
+            for _ in range(generation.n)
+        ]
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except json.JSONDecodeError as error:
+        raise ApiError(400, f"the request body is not JSON: {error}") from error
+
+
+def _answer(body: dict[str, Any], version: int) -> web.Response:
+    return web.json_response(body, headers={MODEL_VERSION_HEADER: str(version)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve an untrained reference model (no training).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model's initial weights")
+    parser.add_argument("--served-model-name", default=ServerConfig().served_model_name)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    torch.set_num_threads(1)  # see ReferenceBackendConfig.torch_threads
+    model_config = ModelConfig(seed=args.seed)
+    server_config = ServerConfig(host=args.host, port=args.port, served_model_name=args.served_model_name)
+    tokenizer = build_tokenizer()
+    model = build_policy_model(model_config, vocab_size=len(tokenizer))
+    server = InferenceServer(
+        config=server_config,
+        tokenizer=tokenizer,
+        max_model_len=model_config.max_model_len,
+        policy=freeze_for_serving(model, version=0),
+    )
+
+    async def serve() -> None:
+        await server.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,393 @@
+"""The generated CRD in a real kube-apiserver: admission, defaulting, CEL rules, printer columns, status.
+
+Everything here is the API server's own behaviour; the CRD under test is the committed YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from asyncrl.api import AsyncTrainingRunStatus, InvalidRunError, Phase, load_run
+from asyncrl.api.types import GROUP, PLURAL, VERSION, JobCounts, RolloutCounts
+
+from .conftest import EXAMPLES, load_example
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.usefixtures("installed_crd")]
+
+
+def _kubectl(kubectl: list[str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*kubectl, *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def _apply(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    # JSON, not YAML: PyYAML writes the key `n` bare, which kubectl (YAML 1.1) would read as false.
+    return _kubectl(kubectl, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+
+
+def _custom(api_client: Any) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api_client)
+
+
+def _read_run(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
+    run: dict[str, Any] = _custom(api_client).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
+    return run
+
+
+def _server_verdict(api_client: Any, namespace: str, manifest: dict[str, Any]) -> str | None:
+    """None when a dry-run create is admitted, else the server's message."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        _custom(api_client).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All"
+        )
+    except ApiException as error:
+        if error.status != 422:
+            raise
+        return str(json.loads(error.body)["message"])
+    return None
+
+
+def _local_verdict(manifest: dict[str, Any]) -> str | None:
+    try:
+        load_run(manifest)
+    except InvalidRunError as error:
+        return str(error)
+    return None
+
+
+def test_the_crd_is_established_with_its_names(api_client: Any, kubectl: list[str]) -> None:
+    out = _kubectl(kubectl, "api-resources", "--api-group", GROUP, "-o", "wide")
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stdout.splitlines() if line.startswith(PLURAL))
+    assert "atr" in line.split()
+    assert "AsyncTrainingRun" in line.split()
+    assert "asyncrl" in line  # category
+
+
+def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
+    api_client: Any, kubectl: list[str], namespace: str
+) -> None:
+    out = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    assert out.returncode == 0, out.stderr
+
+    stored = _read_run(api_client, namespace, "minimal")["spec"]
+
+    assert stored["rolloutTimeoutSeconds"] == 1800
+    assert stored["gateway"] == {
+        "image": "ghcr.io/asyncrl/gateway:0.1.0",
+        "port": 8090,
+        "retryAfterSeconds": 5,
+    }
+    assert stored["logging"] == {"wandb": {"mode": "offline"}}
+    assert stored["async"]["stalenessPolicy"] == "cancel"
+    # Every default the server filled is the one pydantic fills, and nothing else differs.
+    assert stored == load_run(load_example("run-minimal.yaml")).spec.to_wire()
+
+
+def test_async_window_not_above_train_batch_is_rejected_with_the_2x_advice(
+    kubectl: list[str], namespace: str
+) -> None:
+    out = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-invalid-async.yaml"))
+
+    assert out.returncode != 0
+    assert "spec.async.asyncTrainBatchSize" in out.stderr
+    advice = (
+        "asyncTrainBatchSize (2) must be greater than trainBatchSize (2) when async is enabled; "
+        "try asyncTrainBatchSize: 4 (2 x trainBatchSize)"
+    )
+    assert advice in out.stderr
+    # Local mode says the same.
+    with pytest.raises(InvalidRunError, match=r"try asyncTrainBatchSize: 4 \(2 x trainBatchSize\)"):
+        load_run(load_example("run-invalid-async.yaml"))
+
+
+def test_async_enabled_without_a_window_size_is_rejected(
+    kubectl: list[str], namespace: str, minimal_manifest: dict[str, Any]
+) -> None:
+    del minimal_manifest["spec"]["async"]["asyncTrainBatchSize"]
+
+    out = _apply(kubectl, namespace, minimal_manifest)
+
+    assert out.returncode != 0
+    assert "asyncTrainBatchSize (unset) must be greater than trainBatchSize (2)" in out.stderr
+    assert "try asyncTrainBatchSize: 4" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"shuffle": True}, "data needs exactly one of inline, configMapRef or path"),
+        (
+            {"inline": [{"q": "1"}], "path": "/data/rows.jsonl"},
+            "data needs exactly one of inline, configMapRef or path",
+        ),
+    ],
+    ids=["no-source", "two-sources"],
+)
+def test_data_needs_exactly_one_source(
+    kubectl: list[str], namespace: str, minimal_manifest: dict[str, Any], data: dict[str, Any], expected: str
+) -> None:
+    minimal_manifest["spec"]["data"] = data
+
+    out = _apply(kubectl, namespace, minimal_manifest)
+
+    assert out.returncode != 0
+    assert f"spec.data: Invalid value: {expected}" in out.stderr
+
+
+def test_a_spec_without_data_is_rejected(
+    kubectl: list[str], namespace: str, minimal_manifest: dict[str, Any]
+) -> None:
+    del minimal_manifest["spec"]["data"]
+
+    out = _apply(kubectl, namespace, minimal_manifest)
+
+    assert out.returncode != 0
+    assert "spec.data: Required value" in out.stderr
+
+
+def test_agent_template_needs_exactly_one_source(
+    kubectl: list[str], namespace: str, minimal_manifest: dict[str, Any]
+) -> None:
+    minimal_manifest["spec"]["agents"]["template"]["configMapRef"] = {"name": "agent", "key": "job.yaml.j2"}
+
+    out = _apply(kubectl, namespace, minimal_manifest)
+
+    assert out.returncode != 0
+    assert "agents.template needs exactly one of configMapRef or inline" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"spec": {"trainBatchSize": 3}}, "trainBatchSize"),
+        ({"spec": {"model": {"name": "other"}}}, "model"),
+        ({"spec": {"rollout": {"n": 8}}}, "rollout.n"),
+        ({"spec": {"trainer": {"backend": "verl"}}}, "trainer.backend"),
+        ({"spec": {"async": {"enabled": False}}}, "async.enabled"),
+        ({"spec": {"async": {"asyncTrainBatchSize": 6}}}, "async.asyncTrainBatchSize"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_changing_what_a_run_trains_is_rejected(
+    kubectl: list[str], namespace: str, patch: dict[str, Any], field: str
+) -> None:
+    created = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    assert created.returncode == 0, created.stderr
+
+    out = _kubectl(
+        kubectl, "patch", "-n", namespace, "atr", "minimal", "--type=merge", "-p", json.dumps(patch)
+    )
+
+    assert out.returncode != 0
+    assert f"spec.{field}: Invalid value" in out.stderr
+    assert (
+        f"{field} cannot change after the run is created; create a new AsyncTrainingRun instead" in out.stderr
+    )
+
+
+def test_changing_suspend_and_other_mutable_fields_is_accepted(
+    api_client: Any, kubectl: list[str], namespace: str
+) -> None:
+    created = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    assert created.returncode == 0, created.stderr
+    patch = {
+        "spec": {"suspend": True, "agents": {"maxJobsPerMinute": 10}, "async": {"maxCarryOverAgeSteps": 2}}
+    }
+
+    out = _kubectl(
+        kubectl, "patch", "-n", namespace, "atr", "minimal", "--type=merge", "-p", json.dumps(patch)
+    )
+
+    assert out.returncode == 0, out.stderr
+    spec = _read_run(api_client, namespace, "minimal")["spec"]
+    assert spec["suspend"] is True
+    assert spec["agents"]["maxJobsPerMinute"] == 10
+    assert spec["async"]["maxCarryOverAgeSteps"] == 2
+
+
+def _columns(table: str) -> list[str]:
+    return table.splitlines()[0].split()
+
+
+def test_kubectl_get_shows_the_printer_columns(kubectl: list[str], namespace: str) -> None:
+    created = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    assert created.returncode == 0, created.stderr
+
+    plain = _kubectl(kubectl, "get", "atr", "-n", namespace)
+    wide = _kubectl(kubectl, "get", "atr", "-n", namespace, "-o", "wide")
+
+    assert plain.returncode == 0, plain.stderr
+    assert _columns(plain.stdout) == [
+        "NAME",
+        "PHASE",
+        "STEP",
+        "ACTIVE",
+        "CARRY-OVER",
+        "MAX-AGE",
+        "DRAIN",
+        "AGE",
+    ]
+    assert plain.stdout.splitlines()[1].split()[0] == "minimal"
+    assert wide.returncode == 0, wide.stderr
+    assert _columns(wide.stdout) == [
+        "NAME",
+        "PHASE",
+        "STEP",
+        "ACTIVE",
+        "CARRY-OVER",
+        "MAX-AGE",
+        "DRAIN",
+        "COMPLETED",
+        "FAILED",
+        "JOBS",
+        "AGE",
+    ]
+
+
+def test_status_is_written_through_the_status_subresource_and_shown_by_kubectl(
+    api_client: Any, kubectl: list[str], namespace: str
+) -> None:
+    created = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    assert created.returncode == 0, created.stderr
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    status = AsyncTrainingRunStatus(
+        phase=Phase.RUNNING,
+        observed_generation=1,
+        rollouts=RolloutCounts(succeeded=40, failed=3, running=5),
+        jobs=JobCounts(active=7, created=48),
+        start_time=now,
+    ).with_window_summary(
+        {
+            "step": 3,
+            "metrics": {
+                "training/async/n_prev_carry_over_rollouts": 6,
+                "training/async/n_completed_rollouts": 4,
+                "training/async/n_new_carry_over_rollouts": 2,
+                "training/async/new_carry_over_age_max_steps": 2,
+                "training/async/proxy_inflight_at_pause": 1,
+                "training/async/proxy_drain_seconds": 0.75,
+            },
+            "carry_over_age_histogram": {"1": 1, "2": 1},
+            "active_groups": 4,
+        },
+        now=now,
+    )
+
+    _custom(api_client).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "minimal", {"status": status.to_wire()}
+    )
+    # The main resource ignores status: only the subresource writes it.
+    _custom(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "minimal", {"status": {"phase": "Failed"}}
+    )
+
+    stored = _read_run(api_client, namespace, "minimal")
+    assert load_run(stored).status == status
+    wide = _kubectl(kubectl, "get", "atr", "minimal", "-n", namespace, "-o", "wide", "--no-headers")
+    assert wide.returncode == 0, wide.stderr
+    assert wide.stdout.split()[:10] == ["minimal", "Running", "3", "4", "2", "2", "0.75", "40", "3", "7"]
+
+
+# name -> (how the minimal spec is changed, the field both sides must name or None when valid)
+SPEC_CASES: dict[str, tuple[Any, str | None]] = {
+    "minimal": (lambda spec: None, None),
+    "async-window-equal": (
+        lambda spec: spec["async"].update(asyncTrainBatchSize=2),
+        "spec.async.asyncTrainBatchSize",
+    ),
+    "async-window-unset": (
+        lambda spec: spec["async"].pop("asyncTrainBatchSize"),
+        "spec.async.asyncTrainBatchSize",
+    ),
+    "sync-without-window": (lambda spec: spec.update({"async": {"enabled": False}}), None),
+    "train-batch-zero": (lambda spec: spec.update(trainBatchSize=0), "spec.trainBatchSize"),
+    "train-batch-too-large": (lambda spec: spec.update(trainBatchSize=100_001), "spec.trainBatchSize"),
+    "no-data-source": (lambda spec: spec.update(data={"shuffle": False}), "spec.data"),
+    "empty-inline-data": (lambda spec: spec.update(data={"inline": []}), "spec.data.inline"),
+    "config-map-data": (
+        lambda spec: spec.update(data={"configMapRef": {"name": "rows", "key": "rows.jsonl"}}),
+        None,
+    ),
+    "threshold-one": (
+        lambda spec: spec.update(rolloutCorrection={"threshold": 1}),
+        "spec.rolloutCorrection.threshold",
+    ),
+    "unknown-mode": (
+        lambda spec: spec.update(rolloutCorrection={"mode": "tokens"}),
+        "spec.rolloutCorrection.mode",
+    ),
+    "port-too-high": (lambda spec: spec.update(gateway={"port": 70000}), "spec.gateway.port"),
+    "agent-url-not-http": (
+        lambda spec: spec.update(gateway={"agentURL": "gateway:8090"}),
+        "spec.gateway.agentURL",
+    ),
+    "two-templates": (
+        lambda spec: spec["agents"]["template"].update(configMapRef={"name": "t", "key": "job"}),
+        "spec.agents.template",
+    ),
+    "negative-ttl": (
+        lambda spec: spec["agents"].update(ttlSecondsAfterFinished=-1),
+        "spec.agents.ttlSecondsAfterFinished",
+    ),
+    "keep-policy": (lambda spec: spec["async"].update(stalenessPolicy="keep", maxCarryOverAgeSteps=3), None),
+    "gpus-negative": (lambda spec: spec["trainer"].update(gpus=-1), "spec.trainer.gpus"),
+    "missing-model-path": (lambda spec: spec["model"].pop("path"), "spec.model.path"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPEC_CASES))
+def test_local_mode_rejects_exactly_what_the_api_server_rejects(
+    api_client: Any, namespace: str, minimal_manifest: dict[str, Any], case: str
+) -> None:
+    change, field = SPEC_CASES[case]
+    change(minimal_manifest["spec"])
+
+    server, local = _server_verdict(api_client, namespace, minimal_manifest), _local_verdict(minimal_manifest)
+
+    if field is None:
+        assert (server, local) == (None, None)
+    else:
+        assert server is not None
+        assert f"{field}:" in server, server
+        assert local is not None
+        assert f"{field}:" in local, local
+
+
+@pytest.mark.parametrize(
+    ("train_batch_size", "async_train_batch_size"),
+    [(1, 1), (7, None), (10, 10), (12345, 100), (54321, 54321), (100_000, 100_000), (100_000, 99_999)],
+)
+def test_the_server_words_the_async_rule_exactly_as_local_mode(
+    api_client: Any,
+    namespace: str,
+    minimal_manifest: dict[str, Any],
+    train_batch_size: int,
+    async_train_batch_size: int | None,
+) -> None:
+    spec = minimal_manifest["spec"]
+    spec["trainBatchSize"] = train_batch_size
+    spec["async"] = {"enabled": True}
+    if async_train_batch_size is not None:
+        spec["async"]["asyncTrainBatchSize"] = async_train_batch_size
+
+    server, local = _server_verdict(api_client, namespace, minimal_manifest), _local_verdict(minimal_manifest)
+
+    assert server is not None
+    assert local is not None
+    local_message = local.splitlines()[
+        -1
+    ].strip()  # "spec.async.asyncTrainBatchSize: asyncTrainBatchSize (..."
+    assert local_message.startswith("spec.async.asyncTrainBatchSize: ")
+    assert local_message.removeprefix("spec.async.asyncTrainBatchSize: ") in server
+    assert f"try asyncTrainBatchSize: {2 * train_batch_size} (2 x trainBatchSize)" in server

@@ -1,0 +1,240 @@
+"""Local mode reads a manifest as the API server does: same wire names, same defaults, same rejections."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncrl.api import AsyncTrainingRunSpec, InvalidRunError, check_update, crd, load_run
+from asyncrl.api.types import TrainerBackend
+from asyncrl.trainer.window import StalenessPolicy, WindowConfig
+
+from .conftest import load_example
+
+SPEC_SCHEMA: dict[str, Any] = crd.openapi_schema()["properties"]["spec"]
+
+REQUIRED_ONLY_SPEC: dict[str, Any] = {
+    "model": {"name": "m", "path": "/models/m"},
+    "data": {"path": "/data/rows.jsonl"},
+    "trainBatchSize": 8,
+    "agents": {"template": {"inline": "kind: Job"}},
+}
+
+
+def _default_like_the_api_server(schema: dict[str, Any], value: Any) -> Any:
+    """Structural-schema defaulting: fill absent properties' defaults, then default inside them."""
+    if schema["type"] == "object" and isinstance(value, dict):
+        for name, child in schema.get("properties", {}).items():
+            if name not in value and "default" in child:
+                value[name] = copy.deepcopy(child["default"])
+            if name in value:
+                value[name] = _default_like_the_api_server(child, value[name])
+    elif schema["type"] == "array" and isinstance(value, list):
+        return [_default_like_the_api_server(schema["items"], item) for item in value]
+    return value
+
+
+def _manifest(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "asyncrl.dev/v1alpha1",
+        "kind": "AsyncTrainingRun",
+        "metadata": {"name": "r"},
+        "spec": spec,
+    }
+
+
+def _errors(manifest: dict[str, Any]) -> list[str]:
+    with pytest.raises(InvalidRunError) as raised:
+        load_run(manifest)
+    return [str(error) for error in raised.value.errors]
+
+
+def test_minimal_example_loads_and_configures_the_window() -> None:
+    run = load_run(load_example("run-minimal.yaml"))
+
+    assert run.name == "minimal"
+    assert run.spec.trainer.backend is TrainerBackend.REFERENCE
+    assert run.spec.window_config() == WindowConfig(
+        train_batch_size=2, rollout_n=2, async_enabled=True, async_train_batch_size=4
+    )
+
+
+def test_invalid_example_is_rejected_with_the_2x_advice_at_the_field() -> None:
+    assert _errors(load_example("run-invalid-async.yaml")) == [
+        "spec.async.asyncTrainBatchSize: asyncTrainBatchSize (2) must be greater than trainBatchSize (2) "
+        "when async is enabled; try asyncTrainBatchSize: 4 (2 x trainBatchSize)"
+    ]
+
+
+@given(train=st.integers(1, 100_000), window=st.integers(1, 200_000))
+def test_async_window_is_valid_exactly_when_it_exceeds_the_train_batch(train: int, window: int) -> None:
+    spec = {
+        **REQUIRED_ONLY_SPEC,
+        "trainBatchSize": train,
+        "async": {"enabled": True, "asyncTrainBatchSize": window},
+    }
+    if window > train:
+        assert load_run(_manifest(spec)).spec.window_config().window_size == window
+    else:
+        with pytest.raises(
+            InvalidRunError, match=rf"try asyncTrainBatchSize: {2 * train} \(2 x trainBatchSize\)"
+        ):
+            load_run(_manifest(spec))
+
+
+def test_sync_mode_needs_no_window_size() -> None:
+    run = load_run(_manifest(REQUIRED_ONLY_SPEC))
+    assert run.spec.window_config().window_size == 8
+    assert run.spec.async_.enabled is False
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        REQUIRED_ONLY_SPEC,
+        {
+            **REQUIRED_ONLY_SPEC,
+            "data": {"configMapRef": {"name": "rows", "key": "rows.jsonl"}},
+            "gateway": {"keySecretRef": {"name": "gateway-key"}},
+            "trainer": {"checkpoint": {"claimName": "ckpt"}},
+            "logging": {"wandb": {"apiKeySecretRef": {"name": "wandb", "key": "api-key"}}},
+            "async": {"enabled": True, "asyncTrainBatchSize": 16},
+        },
+    ],
+    ids=["required-only", "optional-objects"],
+)
+def test_pydantic_defaults_are_the_crd_defaults(spec: dict[str, Any]) -> None:
+    defaulted_by_crd = _default_like_the_api_server(SPEC_SCHEMA, copy.deepcopy(spec))
+    assert load_run(_manifest(spec)).spec.to_wire() == defaulted_by_crd
+
+
+def test_documented_defaults() -> None:
+    spec = load_run(_manifest(REQUIRED_ONLY_SPEC)).spec
+    assert spec.to_wire() == {
+        **REQUIRED_ONLY_SPEC,
+        "data": {"path": "/data/rows.jsonl", "shuffle": True, "seed": 0},
+        "rollout": {"n": 4},
+        "rolloutTimeoutSeconds": 1800,
+        "async": {"enabled": False, "stalenessPolicy": "cancel"},
+        "rolloutCorrection": {"mode": "token", "threshold": 2.0},
+        "trainer": {
+            "backend": "verl",
+            "image": "ghcr.io/asyncrl/trainer:0.1.0",
+            "gpus": 1,
+            "checkpoint": {"everySteps": 10},
+            "fillReward": 0.0,
+            "level": "trajectory",
+        },
+        "gateway": {"image": "ghcr.io/asyncrl/gateway:0.1.0", "port": 8090, "retryAfterSeconds": 5},
+        "agents": {
+            "template": {"inline": "kind: Job"},
+            "maxJobsPerMinute": 100,
+            "ttlSecondsAfterFinished": 1200,
+        },
+        "logging": {"wandb": {"mode": "offline"}},
+        "suspend": False,
+    }
+
+
+def test_errors_name_each_failing_field_by_its_wire_path() -> None:
+    spec = copy.deepcopy(REQUIRED_ONLY_SPEC)
+    spec["data"] = {"inline": [{"q": "1"}, "not an object"]}
+    spec["gateway"] = {"port": 0, "agentURL": "gateway:8090"}
+    spec["trainer"] = {"backend": "torch"}
+
+    errors = _errors(_manifest(spec))
+
+    assert [error.split(":")[0] for error in errors] == [
+        "spec.data.inline[1]",
+        "spec.trainer.backend",
+        "spec.gateway.port",
+        "spec.gateway.agentURL",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "given_sources"),
+    [({"shuffle": False}, "none"), ({"path": "/rows.jsonl", "inline": [{"q": "1"}]}, "inline, path")],
+)
+def test_data_needs_exactly_one_source(data: dict[str, Any], given_sources: str) -> None:
+    assert _errors(_manifest({**REQUIRED_ONLY_SPEC, "data": data})) == [
+        f"spec.data: data needs exactly one of inline, configMapRef or path (given: {given_sources})"
+    ]
+
+
+def test_agent_template_needs_exactly_one_source() -> None:
+    spec = {**REQUIRED_ONLY_SPEC, "agents": {"template": {}}}
+    assert _errors(_manifest(spec)) == [
+        "spec.agents.template: agents.template needs exactly one of configMapRef or inline (given: none)"
+    ]
+
+
+def test_api_version_and_kind_are_checked() -> None:
+    manifest = {**_manifest(REQUIRED_ONLY_SPEC), "apiVersion": "asyncrl.dev/v1", "kind": "TrainingRun"}
+    assert _errors(manifest) == [
+        "apiVersion: expected asyncrl.dev/v1alpha1, got 'asyncrl.dev/v1'",
+        "kind: expected AsyncTrainingRun, got 'TrainingRun'",
+    ]
+
+
+def test_manifests_use_wire_names_only() -> None:
+    spec = {**REQUIRED_ONLY_SPEC, "train_batch_size": 8, "typo": 1}
+    assert _errors(_manifest(spec)) == [
+        "spec.train_batch_size: Extra inputs are not permitted",
+        "spec.typo: Extra inputs are not permitted",
+    ]
+
+
+def test_python_code_may_use_snake_case_names() -> None:
+    spec = AsyncTrainingRunSpec.model_validate(
+        {
+            "model": {"name": "m", "path": "p"},
+            "data": {"path": "/rows.jsonl"},
+            "train_batch_size": 2,
+            "async_": {"enabled": True, "async_train_batch_size": 4, "staleness_policy": "keep"},
+            "agents": {"template": {"config_map_ref": {"name": "t", "key": "job"}}},
+        }
+    )
+    assert spec.async_.staleness_policy is StalenessPolicy.KEEP
+    assert spec.to_wire()["async"]["asyncTrainBatchSize"] == 4
+
+
+def test_changing_what_a_run_trains_is_rejected_like_the_transition_rules() -> None:
+    old = load_run(load_example("run-minimal.yaml")).spec
+    new = old.model_copy(update={"train_batch_size": 3, "suspend": True})
+
+    with pytest.raises(InvalidRunError) as raised:
+        check_update(old, new)
+
+    assert [str(error) for error in raised.value.errors] == [
+        "spec.trainBatchSize: trainBatchSize cannot change after the run is created; "
+        "create a new AsyncTrainingRun instead"
+    ]
+
+
+def test_changing_suspend_is_allowed() -> None:
+    old = load_run(load_example("run-minimal.yaml")).spec
+    check_update(old, old.model_copy(update={"suspend": True}))
+
+
+def test_spec_wire_names() -> None:
+    fields = {field.alias or name for name, field in AsyncTrainingRunSpec.model_fields.items()}
+    assert fields == {
+        "model",
+        "data",
+        "trainBatchSize",
+        "rollout",
+        "rolloutTimeoutSeconds",
+        "totalSteps",
+        "async",
+        "rolloutCorrection",
+        "trainer",
+        "gateway",
+        "agents",
+        "logging",
+        "suspend",
+    }

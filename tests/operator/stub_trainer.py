@@ -1,0 +1,90 @@
+"""A test stand-in for `asyncrl trainer` in the operator's tests (the pod runner maps the trainer image here).
+
+It is not the trainer: it exercises the operator's side of the contract. It serves the fake upstream on
+`--inference-port` (the gateway sidecar's upstream), creates the rollouts of each step in the gateway from
+the run's inline rows, waits for them on the completion feed (they end when the operator's agent Jobs do),
+posts a window summary per step, deletes the consumed rollouts, and exits 0 after `totalSteps` steps (2 when
+unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+import yaml
+from aiohttp import web
+
+from asyncrl.gateway.client import GatewayClient, GatewayError
+from asyncrl.gateway.models import RolloutCreate, WindowSummary
+from asyncrl.testing.fake_upstream import build_app
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--gateway-url", required=True)
+    parser.add_argument("--inference-port", type=int, required=True)
+    parser.add_argument("--checkpoint-dir", default="")
+    args = parser.parse_args()
+    run = yaml.safe_load(Path(args.config).read_text())
+    spec = run["spec"]
+    rows = spec["data"]["inline"]
+    n = int(spec.get("rollout", {}).get("n", 4))
+    steps = int(spec.get("totalSteps") or 2)
+
+    runner = web.AppRunner(build_app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", args.inference_port).start()
+
+    async with GatewayClient(args.gateway_url, os.environ["ASYNCRL_GATEWAY_KEY"]) as gateway:
+        while True:
+            try:
+                await gateway.state()
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
+        _, cursor = await gateway.list_rollouts()
+        for step in range(steps):
+            rollouts = [
+                RolloutCreate(rollout_id=f"s{step}-g{g}-r{r}", group_id=f"s{step}-g{g}", step=step, input=row)
+                for g, row in enumerate(rows)
+                for r in range(n)
+            ]
+            await gateway.create_rollouts(rollouts)
+            pending = {rollout.rollout_id for rollout in rollouts}
+            finished: dict[str, str] = {}
+            while pending:
+                page = await gateway.completions(after=cursor, wait_seconds=30)
+                cursor = page.cursor
+                for entry in page.entries:
+                    if entry.rollout_id in pending:
+                        pending.discard(entry.rollout_id)
+                        finished[entry.rollout_id] = entry.state.value
+            succeeded = sum(state == "succeeded" for state in finished.values())
+            print(f"step {step}: {succeeded}/{len(finished)} rollouts succeeded", flush=True)
+            await gateway.put_summary(
+                WindowSummary(
+                    step=step,
+                    metrics={
+                        "training/async/n_prev_carry_over_rollouts": 0,
+                        "training/async/n_completed_rollouts": len(finished),
+                        "training/async/n_new_carry_over_rollouts": n,
+                        "training/async/new_carry_over_age_max_steps": 1,
+                        "training/async/proxy_inflight_at_pause": 0,
+                        "training/async/proxy_drain_seconds": 0.01,
+                    },
+                    carry_over_age_histogram={"1": 1},
+                    active_groups=1,
+                )
+            )
+            with contextlib.suppress(GatewayError):
+                await gateway.delete_rollouts(finished)
+    await runner.cleanup()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,263 @@
+"""The operator end to end on the real control plane.
+
+Real parts: kube-apiserver (CRD validation, CEL), the Job/GC/TTL controllers, the `asyncrl operator` process
+(kopf), the `asyncrl gateway` process as the trainer pod's sidecar, and agents that call the model through
+it. Stand-ins: the pod runner instead of a kubelet, and `tests/operator/stub_trainer.py` instead of the
+trainer (it creates the rollouts and posts step summaries; the trainer itself is tested on its own).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from asyncrl.operator import names
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.waiting import wait_for
+from tests.operator.conftest import OperatorStarter, run_manifest
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
+
+
+def _apply(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*kubectl, "apply", "-n", namespace, "-f", "-"],
+        input=json.dumps(manifest),  # JSON, not YAML: kubectl's YAML 1.1 would read the key `n` as false
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _run(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
+    from kubernetes import client
+
+    result: dict[str, Any] = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
+    return result
+
+
+def _status(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
+    return dict(_run(api_client, namespace, name).get("status") or {})
+
+
+def _agent_jobs(api_client: Any, namespace: str) -> list[Any]:
+    from kubernetes import client
+
+    return list(
+        client.BatchV1Api(api_client)
+        .list_namespaced_job(namespace, label_selector=names.AGENT_JOB_SELECTOR)
+        .items
+    )
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), None)
+
+
+def test_a_run_trains_through_agent_jobs_and_reports_progress_in_its_status(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    from kubernetes import client
+
+    start_operator()
+    applied = _apply(kubectl, namespace, run_manifest("demo"))
+    assert applied.returncode == 0, applied.stderr
+
+    # Children exist, each owned by the run.
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    uid = _run(api_client, namespace, "demo")["metadata"]["uid"]
+
+    def children() -> list[Any] | None:
+        try:
+            found = [
+                core.read_namespaced_secret(names.gateway_key_secret_name("demo"), namespace),
+                core.read_namespaced_config_map(names.config_map_name("demo"), namespace),
+                core.read_namespaced_service(names.gateway_service_name("demo"), namespace),
+                batch.read_namespaced_job(names.trainer_job_name("demo"), namespace),
+            ]
+        except client.exceptions.ApiException:
+            return None
+        return found
+
+    for child in wait_for(children, timeout=60, what="the run's children"):
+        assert [(ref.kind, ref.uid, ref.controller) for ref in child.metadata.owner_references] == [
+            ("AsyncTrainingRun", uid, True)
+        ]
+
+    # The stand-in trainer runs 2 steps of 2 groups x 2 rollouts; each rollout is one agent Job whose agent
+    # calls the model through the gateway and reports a reward.
+    status = wait_for(
+        lambda: (s := _status(api_client, namespace, "demo")).get("phase") == "Succeeded" and s,
+        timeout=180,
+        what="the run to succeed",
+    )
+    assert status["step"] == 1
+    assert status["completedRollouts"] == 4
+    assert status["carryOverAgeMaxSteps"] == 1
+    assert status["rollouts"]["succeeded"] == 8
+    assert status["rollouts"]["failed"] == 0
+    assert status["jobs"]["created"] == 8
+    assert status["observedGeneration"] == 1
+    jobs = _agent_jobs(api_client, namespace)
+    assert len(jobs) == 8
+    assert {job.spec.backoff_limit for job in jobs} == {0}
+    assert {job.spec.active_deadline_seconds for job in jobs} == {1800}
+    assert {job.spec.ttl_seconds_after_finished for job in jobs} == {600}
+
+    table = subprocess.run(
+        [*kubectl, "get", "atr", "-n", namespace], capture_output=True, text=True, check=True
+    )
+    header, row = table.stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "PHASE", "STEP", "ACTIVE", "CARRY-OVER", "MAX-AGE", "DRAIN", "AGE"]
+    assert row.split()[:7] == ["demo", "Succeeded", "1", "1", "2", "1", "0.01"]
+    wide = subprocess.run(
+        [*kubectl, "get", "atr", "-n", namespace, "-o", "wide"], capture_output=True, text=True, check=True
+    )
+    assert wide.stdout.splitlines()[0].split()[-4:] == ["COMPLETED", "FAILED", "JOBS", "AGE"]
+    assert wide.stdout.splitlines()[1].split()[7:10] == ["8", "0", "0"]
+
+
+def test_bad_manifests_are_rejected_by_the_api_server(
+    api_client: Any, namespace: str, kubectl: list[str], start_operator: OperatorStarter
+) -> None:
+    cases = {
+        "async-window": (
+            {"async": {"enabled": True, "asyncTrainBatchSize": 1}},
+            ["asyncTrainBatchSize", "trainBatchSize", "2"],
+        ),
+        "zero-n": ({"rollout": {"n": 0}}, ["rollout.n", "0"]),
+        "no-template": ({"agents": {"template": {}}}, ["configMapRef", "inline"]),
+    }
+    for name, (spec, words) in cases.items():
+        result = _apply(kubectl, namespace, run_manifest(name, **spec))
+        assert result.returncode != 0, name
+        for word in words:
+            assert word in result.stderr, (name, result.stderr)
+
+
+def test_a_template_that_does_not_render_a_job_sets_a_condition_and_fails_its_rollouts(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    start_operator()
+    broken = "apiVersion: v1\nkind: Pod\nmetadata: {name: {{ question }}}\n"
+    assert _apply(kubectl, namespace, run_manifest("broken", template=broken, totalSteps=1)).returncode == 0
+
+    def template_condition() -> dict[str, Any] | None:
+        condition = _condition(_status(api_client, namespace, "broken"), "AgentTemplateValid")
+        return condition if condition and condition["status"] == "False" else None
+
+    condition = wait_for(template_condition, timeout=120, what="the AgentTemplateValid condition")
+    assert condition["reason"] == "TemplateError"
+    assert "must render a batch/v1 Job; got v1/Pod" in condition["message"]
+    status = wait_for(
+        lambda: (s := _status(api_client, namespace, "broken")).get("phase") == "Succeeded" and s,
+        timeout=120,
+        what="the stand-in trainer to see its failed rollouts and finish",
+    )
+    assert status["rollouts"]["failed"] == 4
+    assert _agent_jobs(api_client, namespace) == []
+
+
+def test_job_creation_is_rate_limited(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    start_operator()
+    manifest = run_manifest("limited", totalSteps=1, rollout={"n": 3})
+    manifest["spec"]["agents"]["maxJobsPerMinute"] = 4
+    assert _apply(kubectl, namespace, manifest).returncode == 0
+    wait_for(lambda: len(_agent_jobs(api_client, namespace)) >= 4, timeout=90, what="the first 4 Jobs")
+    # 6 rollouts are queued; with 4 per minute the 5th Job may not exist within the first minute.
+    first = min(job.metadata.creation_timestamp for job in _agent_jobs(api_client, namespace))
+    time.sleep(10)
+    jobs = _agent_jobs(api_client, namespace)
+    assert len(jobs) == 4
+    created = sorted(job.metadata.creation_timestamp for job in jobs)
+    assert (created[-1] - first).total_seconds() < 50
+
+
+def test_an_operator_restart_mid_run_creates_no_duplicate_job_and_keeps_status(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    operator = start_operator()
+    manifest = run_manifest("restart", totalSteps=3)
+    assert _apply(kubectl, namespace, manifest).returncode == 0
+    wait_for(lambda: _status(api_client, namespace, "restart").get("step") == 0, timeout=120, what="step 0")
+    operator.stop(grace_seconds=0.1)  # SIGTERM then SIGKILL: no graceful hand-over
+    before = _status(api_client, namespace, "restart")
+    time.sleep(2)
+    start_operator()
+    status = wait_for(
+        lambda: (s := _status(api_client, namespace, "restart")).get("phase") == "Succeeded" and s,
+        timeout=180,
+        what="the run to finish under the new operator",
+    )
+    assert before["step"] == 0  # nothing was lost while the operator was down
+    assert status["step"] == 2
+    jobs = _agent_jobs(api_client, namespace)
+    rollout_ids = [job.metadata.annotations[names.ANNOTATION_ROLLOUT_ID] for job in jobs]
+    assert len(rollout_ids) == len(set(rollout_ids)) == 12  # 3 steps x 2 groups x 2 rollouts, no duplicate
+
+
+def test_deleting_a_run_leaves_no_job_or_pod(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    from kubernetes import client
+
+    start_operator()
+    assert _apply(kubectl, namespace, run_manifest("doomed", totalSteps=50)).returncode == 0
+    wait_for(
+        lambda: _status(api_client, namespace, "doomed").get("step") is not None, timeout=120, what="a step"
+    )
+    deleted = subprocess.run(
+        [*kubectl, "delete", "atr", "doomed", "-n", namespace, "--wait=true", "--timeout=60s"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    batch, core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
+
+    def nothing_left() -> bool:
+        jobs = batch.list_namespaced_job(namespace).items
+        pods = core.list_namespaced_pod(namespace).items
+        return not jobs and not pods
+
+    wait_for(nothing_left, timeout=90, what="every Job and pod of the run to be gone")
+    events = json.loads(
+        subprocess.run(
+            [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    reasons = {item.get("reason") for item in events["items"]}
+    assert "PhaseRunning" in reasons
