@@ -23,6 +23,18 @@ def _operator(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _trainer(args: argparse.Namespace) -> int:
+    from asyncrl.trainer.main import run
+
+    return run(args)
+
+
+def _local_run(args: argparse.Namespace) -> int:
+    from asyncrl.local.run import run
+
+    return run(args)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from asyncrl.api.crd import run
 
@@ -50,6 +62,20 @@ def build_parser() -> argparse.ArgumentParser:
     operator_parser = commands.add_parser("operator", help="run the operator (kopf) for AsyncTrainingRuns")
     operator_arguments(operator_parser)
     operator_parser.set_defaults(handler=_operator)
+
+    from asyncrl.trainer.main import add_arguments as trainer_arguments
+
+    trainer = commands.add_parser("trainer", help="run the trainer: the async window, updates, checkpoints")
+    trainer_arguments(trainer)
+    trainer.set_defaults(handler=_trainer)
+
+    from asyncrl.local.run import add_arguments as local_run_arguments
+
+    local = commands.add_parser("local", help="run a manifest on this machine, without Kubernetes")
+    local_commands = local.add_subparsers(dest="local_command", metavar="COMMAND", required=True)
+    local_run = local_commands.add_parser("run", help="run gateway, trainer and agents as local processes")
+    local_run_arguments(local_run)
+    local_run.set_defaults(handler=_local_run)
 
     crd = commands.add_parser(
         "crd", help="print, --write or --check the CRD (and its reference docs) generated from the API types"

@@ -10,6 +10,7 @@ quotes or within a longer string the value becomes text.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Mapping
@@ -32,9 +33,16 @@ def _environment(finalize: Any) -> ImmutableSandboxedEnvironment:
         finalize=finalize,
     )
     # Templates written for plain Jinja-to-YAML often quote values with `| tojson`. Here every value is
-    # already embedded safely, so `tojson` passes the value through instead of adding a second quoting.
-    environment.filters["tojson"] = lambda value, *_args, **_kwargs: value
+    # already embedded safely, so `tojson` adds no second quoting: a string stays the string, anything else
+    # becomes its JSON text (e.g. a whole row as one env value).
+    environment.filters["tojson"] = _tojson
     return environment
+
+
+def _tojson(value: Any, *_args: Any, **_kwargs: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True)
 
 
 def template_variables(

@@ -78,6 +78,10 @@ class PromptSource:
             random.Random(self._seed + epoch).shuffle(order)
         return order
 
+    def at(self, position: DataPosition) -> PromptSource:
+        """The same rows and shuffle, continuing from `position` (a checkpoint's)."""
+        return PromptSource(self._rows, shuffle=self._shuffle, seed=self._seed, position=position)
+
     @property
     def position(self) -> DataPosition:
         return self._position

@@ -1,0 +1,1 @@
+"""A toy multi-turn agent for the quickstart (see examples/toy_agent/agent.py)."""

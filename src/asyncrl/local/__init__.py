@@ -1,0 +1,1 @@
+"""Local mode: run an AsyncTrainingRun manifest on one machine (gateway, trainer, agents as processes)."""

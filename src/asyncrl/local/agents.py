@@ -1,0 +1,186 @@
+"""Local mode's stand-in for the operator's agent Jobs: one local process per rollout.
+
+It claims queued rollouts from the gateway, renders the same Job template the operator would (same sandbox,
+same variables), and runs the first container's `command` + `args` with its `env` and the rollout's `AGL_*`
+variables, in the current directory and environment. Outcomes go to the gateway exactly as the operator
+reports Job outcomes: running, then succeeded (exit 0), failed (non-zero) or timed_out (killed at the
+rollout timeout). `maxJobsPerMinute` is an API-server protection and does not apply here; `maxActiveJobs`
+(default 32 locally) caps concurrent agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from asyncrl.agent import AgentEnvironment
+from asyncrl.gateway.client import GatewayClient, GatewayError
+from asyncrl.gateway.models import RolloutView
+from asyncrl.operator.templates import TemplateError, render_job, template_variables
+from asyncrl.rollouts import RolloutState
+from asyncrl.testing.podspec import Image, container_argv
+
+logger = logging.getLogger(__name__)
+
+ATTEMPT_ID = "a1"
+DEFAULT_MAX_ACTIVE = 32
+
+
+def agent_command(job: Mapping[str, Any], agent_env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """argv and env of the Job's first container, as a local process would run it."""
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env: dict[str, str] = {}
+    for variable in container.get("env") or []:
+        if "valueFrom" in variable:
+            raise TemplateError(
+                f"local mode cannot resolve valueFrom of env {variable['name']!r}; "
+                "give a value, or run on a cluster"
+            )
+        env[variable["name"]] = str(variable.get("value", ""))
+    env.update(agent_env)
+    if not container.get("command"):
+        raise TemplateError(
+            f"container {container.get('name')!r} has no command; local mode runs the command, not the image"
+        )
+    argv = container_argv(Image(), container.get("command"), container.get("args"), {**os.environ, **env})
+    return argv, env
+
+
+class LocalAgents:
+    def __init__(
+        self,
+        *,
+        gateway: GatewayClient,
+        gateway_url: str,
+        gateway_key: str,
+        template: str,
+        run_name: str,
+        timeout_seconds: float,
+        max_active: int | None,
+        log_dir: Path,
+    ) -> None:
+        self.gateway = gateway
+        self.gateway_url = gateway_url
+        self.gateway_key = gateway_key
+        self.template = template
+        self.run_name = run_name
+        self.timeout_seconds = timeout_seconds
+        self.slots = asyncio.Semaphore(max_active or DEFAULT_MAX_ACTIVE)
+        self.log_dir = log_dir
+        self.active = 0
+        self.started = 0
+        self.template_error: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                try:
+                    claimed = await self.gateway.claim(limit=64, wait_seconds=30, lease_seconds=600)
+                except GatewayError:
+                    raise
+                except Exception as error:  # the gateway restarting; try again shortly
+                    logger.debug("claim failed: %s", error)
+                    await asyncio.sleep(1.0)
+                    continue
+                for rollout in claimed:
+                    await self.slots.acquire()
+                    task = asyncio.create_task(self._run_one(rollout))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _report(self, rollout_id: str, state: RolloutState, message: str | None = None) -> None:
+        with contextlib.suppress(GatewayError):  # 404/409: consumed or cancelled meanwhile
+            await self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
+
+    async def _run_one(self, rollout: RolloutView) -> None:
+        try:
+            variables = template_variables(
+                rollout.input,
+                rollout={
+                    "id": rollout.rollout_id,
+                    "group_id": rollout.group_id,
+                    "step": rollout.step,
+                    "attempt_id": ATTEMPT_ID,
+                    "mode": rollout.mode,
+                },
+                job_name=f"{self.run_name}-{rollout.rollout_id}",
+                run={"name": self.run_name, "namespace": "local"},
+            )
+            env = AgentEnvironment.for_rollout(
+                gateway_url=self.gateway_url,
+                gateway_key=self.gateway_key,
+                rollout_id=rollout.rollout_id,
+                attempt_id=ATTEMPT_ID,
+                mode=rollout.mode,
+            )
+            try:
+                argv, agent_env = agent_command(render_job(self.template, variables), env.as_env())
+            except TemplateError as error:
+                self.template_error = str(error)
+                logger.error("rollout %s: %s", rollout.rollout_id, error)
+                await self._report(rollout.rollout_id, RolloutState.FAILED, f"agent template: {error}")
+                return
+            await self._execute(rollout, argv, agent_env)
+        finally:
+            self.slots.release()
+
+    async def _execute(self, rollout: RolloutView, argv: list[str], agent_env: Mapping[str, str]) -> None:
+        log_path = self.log_dir / f"{rollout.rollout_id}.log"
+        self.active += 1
+        self.started += 1
+        try:
+            with log_path.open("wb") as log:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env={**os.environ, "PATH": _path_with_this_python(), **agent_env},
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            await self._report(rollout.rollout_id, RolloutState.RUNNING)
+            timeout = rollout.timeout_seconds or self.timeout_seconds
+            try:
+                code = await asyncio.wait_for(process.wait(), timeout=timeout)
+            except TimeoutError:
+                _kill(process)
+                await process.wait()
+                await self._report(rollout.rollout_id, RolloutState.TIMED_OUT, f"killed after {timeout:.0f}s")
+                return
+            except asyncio.CancelledError:
+                _kill(process)
+                raise
+            if code == 0:
+                await self._report(rollout.rollout_id, RolloutState.SUCCEEDED)
+            else:
+                await self._report(
+                    rollout.rollout_id, RolloutState.FAILED, f"agent exited with {code}; see {log_path}"
+                )
+        except OSError as error:
+            await self._report(
+                rollout.rollout_id, RolloutState.FAILED, f"cannot start {argv[0]}: {error.strerror}"
+            )
+        finally:
+            self.active -= 1
+
+
+def _path_with_this_python() -> str:
+    """PATH with this interpreter's directory first, so an agent's `python` has asyncrl installed."""
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)

@@ -1,0 +1,166 @@
+"""`asyncrl trainer`: read the run (the operator's `run.yaml`), build the backend, run the step loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
+from asyncrl.api.types.spec import RolloutCorrectionMode, TrainerBackend
+from asyncrl.gateway.client import GatewayClient
+from asyncrl.gateway.config import KEY_ENV_VAR
+from asyncrl.trainer.adapter import AdapterConfig, RowLevel
+from asyncrl.trainer.backends import TrainerBackend as Backend
+from asyncrl.trainer.data import PromptSource, load_rows_file
+from asyncrl.trainer.loop import LoopSettings, StepLoop
+from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks, PrometheusSink, WandbSink
+
+logger = logging.getLogger(__name__)
+
+LEARNING_RATE_KEY = "actor_rollout_ref.actor.optim.lr"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, required=True, help="the AsyncTrainingRun manifest (run.yaml)")
+    parser.add_argument("--gateway-url", required=True, help="the gateway (the pod's sidecar)")
+    parser.add_argument(
+        "--inference-port", type=int, default=8091, help="port of the collocated model server"
+    )
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, default=None, help="checkpoints here; resume from them"
+    )
+    parser.add_argument("--data-file", type=Path, default=None, help="rows file (for data.configMapRef)")
+    parser.add_argument("--metrics-file", type=Path, default=None, help="one JSON object per step")
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
+    parser.add_argument("--wandb-dir", type=Path, default=Path("wandb-runs"), help="where W&B writes its run")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def load_manifest(path: Path) -> AsyncTrainingRun:
+    try:
+        manifest = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise SystemExit(f"asyncrl trainer: cannot read --config {path}: {error.strerror}") from error
+    try:
+        return load_run(manifest)
+    except InvalidRunError as error:
+        raise SystemExit(f"asyncrl trainer: {path}: {error}") from error
+
+
+def rows_of(run: AsyncTrainingRun, data_file: Path | None) -> list[Any]:
+    data = run.spec.data
+    if data.inline is not None:
+        return list(data.inline)
+    if data.path is not None:
+        return load_rows_file(Path(data.path))
+    if data_file is None:
+        raise SystemExit("asyncrl trainer: data.configMapRef needs --data-file (the operator mounts it)")
+    return load_rows_file(data_file)
+
+
+def build_backend(run: AsyncTrainingRun, inference_port: int) -> Backend:
+    spec = run.spec
+    if spec.trainer.backend is not TrainerBackend.REFERENCE:
+        raise SystemExit(
+            f"asyncrl trainer: trainer.backend {spec.trainer.backend.value!r} is not available yet; "
+            "use trainer.backend: reference (CPU)"
+        )
+    from asyncrl.trainer.backends.reference import ReferenceBackend
+    from asyncrl.trainer.backends.reference.config import ReferenceBackendConfig, ServerConfig, UpdateConfig
+
+    correction = spec.rollout_correction
+    rollout_is: Literal["token", "sequence"] | None = None
+    if correction.mode is RolloutCorrectionMode.TOKEN:
+        rollout_is = "token"
+    elif correction.mode is RolloutCorrectionMode.SEQUENCE:
+        rollout_is = "sequence"
+    overrides = spec.trainer.verl_overrides or {}
+    # verl's key means the same here, so one manifest tunes both backends alike.
+    learning_rate = float(overrides.get(LEARNING_RATE_KEY, UpdateConfig().learning_rate))
+    config = ReferenceBackendConfig(
+        update=UpdateConfig(
+            rollout_is=rollout_is, rollout_is_threshold=correction.threshold, learning_rate=learning_rate
+        ),
+        server=ServerConfig(port=inference_port, served_model_name=spec.model.name),
+    )
+    return ReferenceBackend(config)
+
+
+def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks:
+    sinks: list[JsonLinesSink | PrometheusSink | WandbSink] = []
+    if args.metrics_file is not None:
+        sinks.append(JsonLinesSink(args.metrics_file))
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        prometheus = PrometheusSink()
+        start_http_server(args.metrics_port, registry=prometheus.registry)
+        sinks.append(prometheus)
+    wandb = run.spec.logging.wandb
+    modes: dict[str, Literal["online", "offline", "disabled"]] = {
+        "online": "online",
+        "offline": "offline",
+        "disabled": "disabled",
+    }
+    given = os.environ.get("WANDB_MODE", wandb.mode.value)
+    if given not in modes:
+        raise SystemExit(f"asyncrl trainer: WANDB_MODE={given!r}; use online, offline or disabled")
+    mode = modes[given]
+    if mode == "online" and not os.environ.get("WANDB_API_KEY"):
+        logger.warning("W&B mode is online but WANDB_API_KEY is not set; logging offline instead")
+        mode = "offline"
+    if mode != "disabled":
+        sinks.append(
+            WandbSink(
+                project=wandb.project or run.name or "asyncrl",
+                name=run.name or "asyncrl-run",
+                mode=mode,
+                directory=args.wandb_dir,
+                config=run.spec.to_wire(),
+            )
+        )
+    return MetricsSinks(sinks)
+
+
+async def train(args: argparse.Namespace) -> int:
+    run = load_manifest(args.config)
+    spec = run.spec
+    key = os.environ.get(KEY_ENV_VAR, "").strip()
+    if not key:
+        raise SystemExit(f"asyncrl trainer: set {KEY_ENV_VAR} to the gateway key")
+    settings = LoopSettings(
+        window=spec.window_config(),
+        adapter=AdapterConfig(level=RowLevel(spec.trainer.level.value), fill_reward=spec.trainer.fill_reward),
+        rollout_timeout_seconds=spec.rollout_timeout_seconds,
+        total_steps=spec.total_steps,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every_steps=spec.trainer.checkpoint.every_steps,
+        retry_after_seconds=spec.gateway.retry_after_seconds,
+    )
+    prompts = PromptSource(rows_of(run, args.data_file), shuffle=spec.data.shuffle, seed=spec.data.seed)
+    backend = build_backend(run, args.inference_port)
+    sinks = build_sinks(run, args)
+    await backend.start()
+    logger.info("model server on %s; gateway %s", backend.serve_url, args.gateway_url)
+    try:
+        async with GatewayClient(args.gateway_url, key) as gateway:
+            loop = StepLoop(settings=settings, gateway=gateway, backend=backend, prompts=prompts, sinks=sinks)
+            steps = await loop.run()
+        logger.info("finished after %d steps (next step %d)", steps, loop.step)
+    finally:
+        sinks.close()
+        await backend.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return asyncio.run(train(args))
