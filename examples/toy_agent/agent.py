@@ -18,6 +18,8 @@ import time
 
 from asyncrl.agent import AgentEnvironment, chat, report_reward
 
+# A row: {"prompt": "write", "target": "ab", "tool_seconds": 0.5} (the tool's median latency).
+
 
 def reward_of(text: str, target: str) -> float:
     letters = [char for char in text if not char.isspace()]
@@ -34,7 +36,10 @@ def main() -> None:
     rng = random.Random(os.environ.get("AGL_KEY"))
     messages = [{"role": "user", "content": f"{prompt} using {target}"}]
     first = chat(messages, env, max_tokens=12, temperature=1.0)["choices"][0]["message"]["content"]
-    time.sleep(min(8.0, rng.lognormvariate(-0.7, 0.9)))  # the tool: usually fast, sometimes very slow
+    median = float(row.get("tool_seconds", 0.5))
+    time.sleep(
+        min(16 * median, median * rng.lognormvariate(0.0, 0.9))
+    )  # the tool: usually fast, sometimes slow
     messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "tool: ok. finish"}]
     second = chat(messages, env, max_tokens=12, temperature=1.0)["choices"][0]["message"]["content"]
     report_reward(reward_of(first + second, target), env)

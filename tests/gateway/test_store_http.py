@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -63,6 +64,21 @@ def test_an_expired_lease_offers_the_rollout_again(gateway: RunningGateway) -> N
         time.sleep(0.4)
         second = admin.post("/api/rollouts/claim", json={"wait_seconds": 0}).json()
         assert [r["rollout_id"] for r in second["rollouts"]] == ["r1"]
+
+
+def test_a_claimer_that_disconnects_during_the_long_poll_leases_nothing(gateway: RunningGateway) -> None:
+    with gateway.management() as admin:
+        with contextlib.suppress(httpx.TimeoutException):  # the claimer goes away mid long-poll
+            httpx.post(
+                gateway.url + "/api/rollouts/claim",
+                json={"wait_seconds": 5, "lease_seconds": 600},
+                headers={"authorization": f"Bearer {gateway.key}"},
+                timeout=0.5,
+            )
+        create_rollouts(admin, "r1")  # wakes the abandoned long-poll
+        time.sleep(0.5)
+        claimed = admin.post("/api/rollouts/claim", json={"wait_seconds": 2}).json()["rollouts"]
+        assert [r["rollout_id"] for r in claimed] == ["r1"]
 
 
 def test_a_takeover_claim_takes_rollouts_leased_by_a_claimer_that_is_gone(gateway: RunningGateway) -> None:

@@ -6,6 +6,7 @@ auth as a dependency. The gateway key may call everything; an agent token only i
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -169,14 +170,29 @@ def build_api(
         return {"rollouts": [rollout.view() for rollout in rollouts], "cursor": store.feed_cursor}
 
     @app.post("/api/rollouts/claim", dependencies=[Management])
-    async def claim(request: Annotated[ClaimRequest | None, Body()] = None) -> dict[str, list[RolloutView]]:
+    async def claim(
+        http_request: Request, request: Annotated[ClaimRequest | None, Body()] = None
+    ) -> dict[str, list[RolloutView]]:
         request = request or ClaimRequest()
-        claimed = await store.claim(
-            limit=request.limit,
-            wait_seconds=request.wait_seconds,
-            lease_seconds=request.lease_seconds,
-            takeover=request.takeover,
+        claiming = asyncio.ensure_future(
+            store.claim(
+                limit=request.limit,
+                wait_seconds=request.wait_seconds,
+                lease_seconds=request.lease_seconds,
+                takeover=request.takeover,
+            )
         )
+        # The next ASGI message of a request whose body is read is its disconnect: race the long-poll against
+        # it, so a claimer that gives up never leaves rollouts leased to nobody.
+        disconnect = asyncio.ensure_future(http_request.receive())
+        try:
+            await asyncio.wait({claiming, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnect.cancel()
+        if not claiming.done():
+            claiming.cancel()
+            return {"rollouts": []}
+        claimed = claiming.result()
         return {"rollouts": [rollout.view() for rollout in claimed]}
 
     @app.post("/api/rollouts/delete", dependencies=[Management])

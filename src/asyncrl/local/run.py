@@ -211,6 +211,7 @@ async def _supervise_trainer(trainer: _Process, out: TextIO) -> int:
     for attempt in range(TRAINER_RESTARTS + 1):
         await trainer.start()
         assert trainer.process is not None
+        (trainer.log_path.parent / "trainer.pid").write_text(f"{trainer.process.pid}\n")
         code = await trainer.process.wait()
         if code == 0:
             return 0
