@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: test lint pytest setup control-plane clean
+.PHONY: test lint pytest setup control-plane clean quickstart crd
 
 test: lint pytest
 
@@ -17,13 +17,22 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -e ".[dev,trainer]"
 	touch $@
 
+# The local quickstart: a toy agent trained asynchronously on this machine (CPU), about 2 minutes.
+quickstart: setup
+	$(BIN)/asyncrl local run examples/quickstart-local.yaml --metrics-file .asyncrl/quickstart-metrics.jsonl
+
+# Regenerate the CRD and its reference docs from the API types.
+crd: setup
+	$(BIN)/asyncrl crd --write
+
 control-plane:
 	scripts/provision-k8s.sh
 
 lint: setup
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/asyncrl crd --check
 
 pytest: setup control-plane
 	$(BIN)/pytest $(PYTEST_ARGS)
