@@ -119,3 +119,20 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_with_its_window(tmp_path: 
     assert steps[-1] == 5
     assert steps == sorted(set(steps))  # no step trained twice
     assert len(steps) >= killed_after
+
+
+def test_ctrl_c_stops_every_process_of_the_run(tmp_path: Path) -> None:
+    process = _local_run(tmp_path, _manifest(tmp_path, steps=50, every=10))
+    try:
+        wait_for(lambda: len(_metrics(tmp_path)) >= 1, timeout=180, what="a first step")
+        trainer_pid = int((tmp_path / "work" / "trainer.pid").read_text())
+        os.kill(process.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, output
+    assert "every process of the run was stopped" in output
+    assert not Path(f"/proc/{trainer_pid}").exists()
+    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", leftovers.stdout
