@@ -23,13 +23,13 @@ from typing import Any
 from asyncrl.agent import AgentEnvironment
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.models import RolloutView
-from asyncrl.operator.templates import TemplateError, render_job, template_variables
+from asyncrl.operator.names import ATTEMPT_ID
+from asyncrl.operator.templates import TemplateError, render_job, rollout_variables
 from asyncrl.rollouts import RolloutState
 from asyncrl.testing.podspec import Image, container_argv
 
 logger = logging.getLogger(__name__)
 
-ATTEMPT_ID = "a1"
 DEFAULT_MAX_ACTIVE = 32
 
 
@@ -106,17 +106,12 @@ class LocalAgents:
 
     async def _run_one(self, rollout: RolloutView) -> None:
         try:
-            variables = template_variables(
-                rollout.input,
-                rollout={
-                    "id": rollout.rollout_id,
-                    "group_id": rollout.group_id,
-                    "step": rollout.step,
-                    "attempt_id": ATTEMPT_ID,
-                    "mode": rollout.mode,
-                },
+            variables = rollout_variables(
+                rollout,
+                attempt_id=ATTEMPT_ID,
                 job_name=f"{self.run_name}-{rollout.rollout_id}",
-                run={"name": self.run_name, "namespace": "local"},
+                run_name=self.run_name,
+                namespace="local",
             )
             env = AgentEnvironment.for_rollout(
                 gateway_url=self.gateway_url,

@@ -34,14 +34,14 @@ from asyncrl.operator.children import owner_reference
 from asyncrl.operator.job_state import rollout_state_of_job
 from asyncrl.operator.kube import JSON, Kube
 from asyncrl.operator.metrics import OperatorMetrics
+from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
 from asyncrl.operator.status import RunObservation, next_status
-from asyncrl.operator.templates import TemplateError, render_job, template_variables
+from asyncrl.operator.templates import TemplateError, render_job, rollout_variables
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
 
-ATTEMPT_ID = "a1"  # one attempt per rollout: the Job has backoffLimit 0
 STATUS_MIN_INTERVAL_SECONDS = 1.0
 GATEWAY_RETRY_SECONDS = 2.0
 
@@ -187,17 +187,12 @@ class RunController:
     async def _launch(self, rollout: RolloutView) -> None:
         context = self.context
         job_name = names.agent_job_name(context.name, rollout.rollout_id)
-        variables = template_variables(
-            rollout.input,
-            rollout={
-                "id": rollout.rollout_id,
-                "group_id": rollout.group_id,
-                "step": rollout.step,
-                "attempt_id": ATTEMPT_ID,
-                "mode": rollout.mode,
-            },
+        variables = rollout_variables(
+            rollout,
+            attempt_id=ATTEMPT_ID,
             job_name=job_name,
-            run={"name": context.name, "namespace": context.namespace},
+            run_name=context.name,
+            namespace=context.namespace,
         )
         try:
             rendered = render_job(context.template_source, variables)

@@ -17,6 +17,8 @@ ANNOTATION_ROLLOUT_ID = f"{GROUP}/rollout-id"
 ANNOTATION_GROUP_ID = f"{GROUP}/group-id"
 ANNOTATION_ATTEMPT_ID = f"{GROUP}/attempt-id"
 
+ATTEMPT_ID = "a1"  # one attempt per rollout: an agent Job has backoffLimit 0
+
 COMPONENT_AGENT = "agent"
 COMPONENT_TRAINER = "trainer"
 COMPONENT_GATEWAY = "gateway"

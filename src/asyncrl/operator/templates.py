@@ -20,6 +20,8 @@ import jinja2
 import yaml
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from asyncrl.gateway.models import RolloutView
+
 
 class TemplateError(ValueError):
     """The template does not render to exactly one batch/v1 Job; the message says where and why."""
@@ -37,6 +39,24 @@ def _environment(finalize: Any) -> ImmutableSandboxedEnvironment:
     # becomes its JSON text (e.g. a whole row as one env value).
     environment.filters["tojson"] = _tojson
     return environment
+
+
+def rollout_variables(
+    rollout: RolloutView, *, attempt_id: str, job_name: str, run_name: str, namespace: str
+) -> dict[str, Any]:
+    """The template variables of one rollout (operator and local mode alike)."""
+    return template_variables(
+        rollout.input,
+        rollout={
+            "id": rollout.rollout_id,
+            "group_id": rollout.group_id,
+            "step": rollout.step,
+            "attempt_id": attempt_id,
+            "mode": rollout.mode,
+        },
+        job_name=job_name,
+        run={"name": run_name, "namespace": namespace},
+    )
 
 
 def _tojson(value: Any, *_args: Any, **_kwargs: Any) -> Any:
