@@ -1,0 +1,132 @@
+"""End to end on the real control plane: kubectl apply → operator → trainer pod → agent Jobs → status.
+
+Real: kube-apiserver with the CRD (CEL), the Job/GC/TTL controllers, the `asyncrl operator` process, the
+trainer pod's `asyncrl gateway` sidecar and `asyncrl trainer` (reference backend, verl's GRPO code), and the
+toy agent of the quickstart in every agent Job. Stand-in: the pod runner runs pods' containers as local
+processes (there is no kubelet or container runtime here), with each image mapped to the local install.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.podspec import Image, ImageTable
+from asyncrl.testing.waiting import wait_for
+from tests.operator.conftest import OperatorStarter, run_manifest
+from tests.support.wandb_log import history
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+TRAINER_IMAGE = "asyncrl.test/trainer"
+TOY_AGENT = """\
+apiVersion: batch/v1
+kind: Job
+spec:
+  template:
+    spec:
+      containers:
+      - name: agent
+        image: asyncrl.test/python
+        command: ["python", "-m", "examples.toy_agent.agent"]
+        env:
+        - name: ROW
+          value: {{ input | tojson }}
+"""
+SEED_METRICS = [
+    "training/async/n_prev_carry_over_rollouts",
+    "training/async/n_completed_rollouts",
+    "training/async/n_new_carry_over_rollouts",
+    "training/async/new_carry_over_age_max_steps",
+    "training/async/proxy_inflight_at_pause",
+    "training/async/proxy_drain_seconds",
+]
+
+
+@pytest.fixture(autouse=True)
+def _real_trainer_image(image_table: ImageTable) -> None:
+    image_table[TRAINER_IMAGE] = Image()  # the pod's own command: `asyncrl trainer ...`
+
+
+def _columns(kubectl: list[str], namespace: str) -> dict[str, str] | None:
+    table = subprocess.run(
+        [*kubectl, "get", "atr", "-n", namespace], capture_output=True, text=True, check=True
+    )
+    lines = table.stdout.splitlines()
+    if len(lines) < 2:
+        return None
+    return dict(zip(lines[0].split(), lines[1].split(), strict=False))
+
+
+def test_apply_trains_with_carry_over_and_delete_leaves_nothing(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    from kubernetes import client
+
+    start_operator()
+    manifest = run_manifest("e2e", template=TOY_AGENT, totalSteps=6)
+    spec = manifest["spec"]
+    spec["data"]["inline"] = [
+        {"prompt": p, "target": "ab", "tool_seconds": 0.2} for p in ("a", "b", "c", "d")
+    ]
+    spec.update(trainBatchSize=2, rollout={"n": 2}, rolloutTimeoutSeconds=120)
+    spec["async"] = {"enabled": True, "asyncTrainBatchSize": 4}
+    spec["trainer"] = {
+        "backend": "reference",
+        "image": TRAINER_IMAGE,
+        "gpus": 0,
+        "checkpoint": {"everySteps": 2},
+    }
+    spec["logging"] = {"wandb": {"mode": "offline", "project": "e2e"}}
+    applied = subprocess.run(
+        [*kubectl, "apply", "-n", namespace, "-f", "-"],
+        input=json.dumps(manifest),
+        capture_output=True,
+        text=True,
+    )
+    assert applied.returncode == 0, applied.stderr
+
+    seen: list[dict[str, str]] = []
+
+    def finished() -> bool:
+        columns = _columns(kubectl, namespace)
+        if columns:
+            seen.append(columns)
+        return bool(columns) and columns.get("PHASE") == "Succeeded"
+
+    wait_for(finished, timeout=420, interval=1.0, what="the run to succeed (kubectl get atr)")
+    steps = sorted({int(row["STEP"]) for row in seen if row.get("STEP", "<none>").isdigit()})
+    assert steps[-1] == 5
+    assert len(steps) >= 3  # STEP advanced while we watched
+    assert any(int(row["CARRY-OVER"]) > 0 for row in seen if row.get("CARRY-OVER", "").isdigit())
+    assert any(int(row["MAX-AGE"]) >= 1 for row in seen if row.get("MAX-AGE", "").isdigit())
+
+    (trainer_pod,) = [p for p in (pod_runner.work_dir / "pods").glob(f"{namespace}_e2e-trainer-*")]
+    (run_dir,) = (trainer_pod / "wandb-runs" / "wandb").glob("offline-run-*")
+    logged = history(run_dir)
+    assert len(logged) == 6
+    for metric in SEED_METRICS:
+        assert all(metric in row for row in logged)
+
+    deleted = subprocess.run(
+        [*kubectl, "delete", "atr", "e2e", "-n", namespace, "--wait=true", "--timeout=60s"],
+        capture_output=True,
+        text=True,
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    batch, core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
+    wait_for(
+        lambda: (
+            not batch.list_namespaced_job(namespace).items and not core.list_namespaced_pod(namespace).items
+        ),
+        timeout=90,
+        what="every Job and pod of the run to be gone",
+    )
