@@ -24,6 +24,7 @@ JSON = dict[str, Any]
 CONFIG_DIR = "/etc/asyncrl/config"
 KEY_DIR = "/etc/asyncrl/gateway-key"
 CHECKPOINT_DIR = "/var/lib/asyncrl/checkpoints"
+DATA_DIR = "/etc/asyncrl/data"
 RUN_FILE = "run.yaml"
 TEMPLATE_FILE = "agent-job.yaml.j2"
 
@@ -128,7 +129,7 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         env.append(
             {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
         )
-    trainer = {
+    trainer: JSON = {
         "name": "trainer",
         "image": spec.trainer.image,
         "command": ["asyncrl", "trainer"],
@@ -145,6 +146,20 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
             {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
         ],
     }
+    volumes: list[JSON] = [
+        {"name": "config", "configMap": {"name": names.config_map_name(run_name)}},
+        {"name": "gateway-key", "secret": {"secretName": secret_name}},
+    ]
+    data_ref = spec.data.config_map_ref
+    if data_ref is not None:  # the rows file, mounted for the trainer's --data-file
+        volumes.append(
+            {
+                "name": "data",
+                "configMap": {"name": data_ref.name, "items": [{"key": data_ref.key, "path": "rows"}]},
+            }
+        )
+        trainer["volumeMounts"].append({"name": "data", "mountPath": DATA_DIR, "readOnly": True})
+        trainer["args"].append(f"--data-file={DATA_DIR}/rows")
     checkpoints: JSON = (
         {"persistentVolumeClaim": {"claimName": spec.trainer.checkpoint.claim_name}}
         if spec.trainer.checkpoint.claim_name
@@ -166,11 +181,7 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
                     "restartPolicy": "OnFailure",
                     "initContainers": [gateway],
                     "containers": [trainer],
-                    "volumes": [
-                        {"name": "config", "configMap": {"name": names.config_map_name(run_name)}},
-                        {"name": "gateway-key", "secret": {"secretName": secret_name}},
-                        {"name": "checkpoints", **checkpoints},
-                    ],
+                    "volumes": [*volumes, {"name": "checkpoints", **checkpoints}],
                 },
             },
         },

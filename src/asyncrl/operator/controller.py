@@ -37,7 +37,7 @@ from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
 from asyncrl.operator.status import RunObservation, next_status
-from asyncrl.operator.templates import TemplateError, render_job, rollout_variables
+from asyncrl.operator.templates import TemplateError, check_template, render_job, rollout_variables
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
@@ -84,6 +84,10 @@ class RunController:
         self.jobs = _JobBook()
         self.trainer_job: JSON | None = None
         self.template_error: str | None = None
+        try:
+            check_template(context.template_source)  # syntax errors show before the first rollout
+        except TemplateError as error:
+            self.template_error = str(error)
         self.gateway_reachable = False
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
         self._dirty = asyncio.Event()

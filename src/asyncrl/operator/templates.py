@@ -60,6 +60,8 @@ def rollout_variables(
 
 
 def _tojson(value: Any, *_args: Any, **_kwargs: Any) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        str(value)  # StrictUndefined raises UndefinedError, naming what is missing
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True)

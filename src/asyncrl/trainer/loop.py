@@ -145,6 +145,13 @@ class StepLoop:
             retry_after_seconds=self.settings.retry_after_seconds,
             wait_seconds=self.settings.drain_timeout_seconds,
         )
+        if not drain.drained:
+            logger.warning(
+                "step %d: %d model calls still in flight after %.0fs of draining; updating anyway",
+                step,
+                drain.inflight,
+                self.settings.drain_timeout_seconds,
+            )
         batch = window.take_update_batch(step=step)
         rows, counts = await self._rows_of(batch.consumed)
         update = await self._update(rows, step)

@@ -1,0 +1,55 @@
+"""The run's child objects as manifests: the trainer pod's layout and what each part gets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.api import load_run
+from asyncrl.operator import children
+from tests.operator.conftest import run_manifest
+
+
+def _run(**spec: Any) -> tuple[dict[str, Any], Any]:
+    manifest = run_manifest("demo", **spec)
+    manifest["metadata"].update(namespace="team", uid="uid-1")
+    return manifest, load_run(manifest).spec
+
+
+def test_the_gateway_is_a_native_sidecar_and_the_trainer_holds_the_gpus() -> None:
+    run, spec = _run(trainer={"backend": "reference", "gpus": 2})
+    pod = children.trainer_job(run, spec)["spec"]["template"]["spec"]
+    (gateway,) = pod["initContainers"]
+    (trainer,) = pod["containers"]
+    assert gateway["restartPolicy"] == "Always"
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert "nvidia.com/gpu" not in gateway.get("resources", {}).get("limits", {})
+    assert (
+        pod["restartPolicy"] == "OnFailure"
+    )  # a trainer crash restarts in place; the gateway keeps the window
+    port = spec.gateway.port
+    assert f"--upstream=http://127.0.0.1:{children.inference_port(spec)}" in gateway["args"]
+    assert f"--gateway-url=http://127.0.0.1:{port}" in trainer["args"]
+
+
+def test_rows_from_a_configmap_are_mounted_and_passed_to_the_trainer() -> None:
+    run, spec = _run(data={"configMapRef": {"name": "prompts", "key": "rows.jsonl"}})
+    pod = children.trainer_job(run, spec)["spec"]["template"]["spec"]
+    (trainer,) = pod["containers"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "data")
+    assert volume["configMap"] == {"name": "prompts", "items": [{"key": "rows.jsonl", "path": "rows"}]}
+    assert f"--data-file={children.DATA_DIR}/rows" in trainer["args"]
+    assert {"name": "data", "mountPath": children.DATA_DIR, "readOnly": True} in trainer["volumeMounts"]
+
+
+def test_every_child_is_owned_by_the_run() -> None:
+    run, spec = _run()
+    for child in (
+        children.gateway_key_secret(run),
+        children.config_map(run, "template"),
+        children.trainer_job(run, spec),
+        children.gateway_service(run, spec),
+    ):
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == ("AsyncTrainingRun", "uid-1", True)
+        assert child["metadata"]["namespace"] == "team"
