@@ -82,6 +82,9 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.WARNING
     config: OperatorConfig = memo.config
+    # With explicit namespaces there is nothing to discover: skip kopf's cluster-wide namespace scan, which
+    # the least-privilege namespaced RBAC denies (kopf retried it for about a minute before handling runs).
+    settings.scanning.disabled = bool(config.namespaces)
     runtime = Runtime(config=config, kube=Kube(config.api_client), metrics=memo.metrics)
     memo.runtime = runtime
     scopes: list[str | None] = list(config.namespaces) or [None]

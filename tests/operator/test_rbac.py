@@ -1,0 +1,338 @@
+"""The operator runs, and only runs, with the RBAC of `operator/rbac/`, on the real control plane.
+
+The manifests are applied as a user would (rewritten to the test's namespace; cluster-scoped names get a
+per-test suffix and are deleted afterwards). The operator process then authenticates as the ServiceAccount
+with a token from the TokenRequest API, the way a pod's projected token works, so every call it and kopf make
+is authorized by the real RBAC authorizer. A run must go all the way to Succeeded under that identity and be
+deleted cleanly (kopf removes its finalizer), the operator's log must show no RBAC denial, and
+`kubectl auth can-i` with the same identity must refuse what the operator has no business doing.
+
+Stand-ins, as in test_operator_controlplane.py: the pod runner for a kubelet, the stub trainer for the
+trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from asyncrl.testing.controlplane import ControlPlane, free_port
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.processes import ServerProcess, start_server
+from asyncrl.testing.waiting import wait_for
+from tests.operator.conftest import run_manifest
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+RBAC_DIR = Path(__file__).resolve().parents[2] / "operator" / "rbac"
+MANIFEST_NAMESPACE = "asyncrl-system"  # the namespace the committed manifests name
+SERVICE_ACCOUNT = "asyncrl-operator"
+GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+
+
+def load_rbac(path: Path, *, namespace: str, suffix: str) -> list[dict[str, Any]]:
+    """The manifests of `path` moved to `namespace`; cluster-scoped objects renamed `<name>-<suffix>`."""
+    documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    renamed = {doc["metadata"]["name"] for doc in documents if doc["kind"] in CLUSTER_SCOPED}
+    for doc in documents:
+        metadata = doc["metadata"]
+        if doc["kind"] in CLUSTER_SCOPED:
+            metadata["name"] = f"{metadata['name']}-{suffix}"
+        else:
+            assert metadata["namespace"] == MANIFEST_NAMESPACE, doc
+            metadata["namespace"] = namespace
+        for subject in doc.get("subjects") or []:
+            assert subject["namespace"] == MANIFEST_NAMESPACE, doc
+            subject["namespace"] = namespace
+        role_ref = doc.get("roleRef")
+        if role_ref and role_ref["kind"] == "ClusterRole" and role_ref["name"] in renamed:
+            role_ref["name"] = f"{role_ref['name']}-{suffix}"
+    return documents
+
+
+def service_account_kubeconfig(
+    api_client: Any, control_plane: ControlPlane, *, namespace: str, name: str, path: Path
+) -> Path:
+    """A kubeconfig for ServiceAccount `namespace/name`: a TokenRequest token, the plane's server and CA."""
+    from kubernetes import client
+
+    token = (
+        client.CoreV1Api(api_client)
+        .create_namespaced_service_account_token(name, namespace, {"spec": {"expirationSeconds": 3600}})
+        .status.token
+    )
+    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": name, "namespace": namespace}}],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+# kopf lists namespaces to resolve namespace patterns even when given exact names; the namespaced Role does
+# not grant it, and kopf falls back to the exact `--namespace` names (after about a minute of retries).
+EXPECTED_DENIAL = re.compile(
+    r'cannot (list|watch) resource "namespaces" in API group "" at the cluster scope'
+)
+
+
+def rbac_denials(log: str, *, namespace: str, service_account: str = SERVICE_ACCOUNT) -> list[str]:
+    """Lines of an operator log where the API server refused the ServiceAccount something unexpected."""
+    identity = f"system:serviceaccount:{namespace}:{service_account}"
+    return [
+        line
+        for line in log.splitlines()
+        if identity in line and "cannot" in line and not EXPECTED_DENIAL.search(line)
+    ]
+
+
+@dataclass
+class Installed:
+    namespace: str
+    kubeconfig: Path
+    documents: list[dict[str, Any]]
+
+    def can_i(self, kubectl_bin: str, *args: str) -> bool:
+        done = subprocess.run(
+            [kubectl_bin, f"--kubeconfig={self.kubeconfig}", "auth", "can-i", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.stdout.strip() in ("yes", "no"), (args, done.stdout, done.stderr)
+        return done.stdout.strip() == "yes"
+
+
+@pytest.fixture
+def install_rbac(
+    api_client: Any, control_plane: ControlPlane, kubectl: list[str], namespace: str, tmp_path: Path
+) -> Iterator[Any]:
+    """Apply one of operator/rbac/*.yaml for the test's namespace; delete its cluster-scoped part after."""
+    applied: list[dict[str, Any]] = []
+
+    def install(file_name: str) -> Installed:
+        documents = load_rbac(RBAC_DIR / file_name, namespace=namespace, suffix=uuid.uuid4().hex[:8])
+        done = subprocess.run(
+            [*kubectl, "apply", "-f", "-"],
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        applied.extend(documents)
+        kubeconfig = service_account_kubeconfig(
+            api_client,
+            control_plane,
+            namespace=namespace,
+            name=SERVICE_ACCOUNT,
+            path=tmp_path / "sa.kubeconfig",
+        )
+        return Installed(namespace=namespace, kubeconfig=kubeconfig, documents=documents)
+
+    yield install
+    for doc in applied:
+        if doc["kind"] in CLUSTER_SCOPED:
+            subprocess.run(
+                [*kubectl, "delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found"],
+                capture_output=True,
+                check=False,
+            )
+
+
+def start_operator_as(kubeconfig: Path, scope: list[str], log_path: Path) -> ServerProcess:
+    health = free_port()
+    return start_server(
+        [
+            sys.executable,
+            "-m",
+            "asyncrl.cli",
+            "operator",
+            *scope,
+            "--gateway-address",
+            "localhost",
+            f"--kubeconfig={kubeconfig}",
+            f"--health-port={health}",
+        ],
+        ready_url=f"http://127.0.0.1:{health}/healthz",
+        log_path=log_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout_seconds=60,
+    )
+
+
+def _run(api_client: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    from kubernetes import client
+
+    try:
+        run: dict[str, Any] = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name
+        )
+    except client.exceptions.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return run
+
+
+def _apply_run(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> None:
+    done = subprocess.run(
+        [*kubectl, "apply", "-n", namespace, "-f", "-"],
+        input=json.dumps(manifest),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _a_run_succeeds_and_is_deleted(
+    api_client: Any, kubectl: list[str], namespace: str, operator: ServerProcess
+) -> None:
+    """Children, agent Jobs, status, Events and the finalizer all work under the operator's identity."""
+    from kubernetes import client
+
+    _apply_run(kubectl, namespace, run_manifest("rbac"))
+
+    def succeeded() -> dict[str, Any] | None:
+        run = _run(api_client, namespace, "rbac") or {}
+        status = run.get("status") or {}
+        return status if status.get("phase") == "Succeeded" else None
+
+    try:
+        status = wait_for(succeeded, timeout=180, what="the run to succeed under the operator's RBAC")
+    except AssertionError:
+        print(operator.log()[-6000:])
+        raise
+    assert status["step"] == 1
+    assert status["jobs"]["created"] == 8
+    assert status["rollouts"]["succeeded"] == 8
+
+    # Raw JSON: kopf's core/v1 Events have no eventTime, which the typed events.k8s.io model rejects.
+    listing = client.EventsV1Api(api_client).list_namespaced_event(namespace, _preload_content=False)
+    events = json.loads(listing.data)["items"]
+    reasons = {(event["regarding"]["kind"], event.get("reason")) for event in events}
+    assert ("AsyncTrainingRun", "PhaseRunning") in reasons, reasons
+
+    # Deletion completes only when kopf, as this identity, removed its finalizer (a patch of the run).
+    subprocess.run(
+        [*kubectl, "delete", "atr", "rbac", "-n", namespace, "--wait=false"], check=True, capture_output=True
+    )
+    wait_for(lambda: _run(api_client, namespace, "rbac") is None, timeout=60, what="the run to be deleted")
+    assert operator.process.poll() is None, operator.log()
+    assert rbac_denials(operator.log(), namespace=namespace) == []
+
+
+def test_the_namespaced_role_is_enough_for_a_run_to_succeed(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    install_rbac: Any,
+    installed_crd: Path,
+    tmp_path: Path,
+) -> None:
+    installed: Installed = install_rbac("role.yaml")
+    operator = start_operator_as(
+        installed.kubeconfig, ["--namespace", namespace], tmp_path / "operator-namespaced.log"
+    )
+    try:
+        _a_run_succeeds_and_is_deleted(api_client, kubectl, namespace, operator)
+    finally:
+        operator.stop()
+    # Either kopf was denied the namespace listing and fell back to the exact --namespace, or it never tried.
+    log = operator.log()
+    assert ("Not enough permissions to list namespaces" in log) == bool(EXPECTED_DENIAL.search(log))
+
+
+def test_the_namespaced_role_refuses_what_the_operator_does_not_need(
+    namespace: str, kubectl: list[str], install_rbac: Any, installed_crd: Path
+) -> None:
+    installed: Installed = install_rbac("role.yaml")
+    kubectl_bin = kubectl[0]
+    ns = ["-n", namespace]
+    allowed = [
+        ["list", "asynctrainingruns.asyncrl.dev", *ns],
+        ["patch", "asynctrainingruns.asyncrl.dev", "--subresource=status", *ns],
+        ["create", "jobs.batch", *ns],
+        ["delete", "jobs.batch", *ns],
+        ["get", "secrets", *ns],
+        ["create", "events.events.k8s.io", *ns],
+        ["watch", "customresourcedefinitions.apiextensions.k8s.io"],
+    ]
+    refused = [
+        ["delete", "namespaces"],
+        ["list", "namespaces"],
+        ["get", "secrets", "-n", "default"],
+        ["get", "secrets", "-n", "kube-system"],
+        ["list", "secrets", *ns],  # get by name only: it cannot enumerate the namespace's Secrets
+        ["update", "secrets", *ns],
+        ["delete", "configmaps", *ns],
+        ["create", "pods", *ns],
+        ["delete", "pods", *ns],
+        ["create", "pods/exec", *ns],
+        ["create", "jobs.batch", "-n", "default"],
+        ["list", "asynctrainingruns.asyncrl.dev", "-n", "default"],
+        ["create", "asynctrainingruns.asyncrl.dev", *ns],
+        ["delete", "asynctrainingruns.asyncrl.dev", *ns],
+        ["create", "roles.rbac.authorization.k8s.io", *ns],
+        ["create", "rolebindings.rbac.authorization.k8s.io", *ns],
+        ["create", "clusterrolebindings.rbac.authorization.k8s.io"],
+        ["create", "serviceaccounts/token", *ns],
+        ["get", "customresourcedefinitions.apiextensions.k8s.io"],
+        ["delete", "customresourcedefinitions.apiextensions.k8s.io"],
+        ["list", "nodes"],
+    ]
+    wrongly_refused = [args for args in allowed if not installed.can_i(kubectl_bin, *args)]
+    wrongly_allowed = [args for args in refused if installed.can_i(kubectl_bin, *args)]
+    assert wrongly_refused == []
+    assert wrongly_allowed == []
+
+
+def test_the_cluster_role_lets_an_all_namespaces_operator_run_a_run(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    install_rbac: Any,
+    installed_crd: Path,
+    tmp_path: Path,
+) -> None:
+    installed: Installed = install_rbac("clusterrole.yaml")
+    kubectl_bin = kubectl[0]
+    assert installed.can_i(kubectl_bin, "create", "jobs.batch", "-n", "default")
+    for args in (
+        ["delete", "namespaces"],
+        ["list", "secrets", "-n", "default"],
+        ["create", "pods", "-n", namespace],
+        ["create", "clusterrolebindings.rbac.authorization.k8s.io"],
+        ["update", "configmaps", "-n", namespace],
+    ):
+        assert not installed.can_i(kubectl_bin, *args), args
+    operator = start_operator_as(
+        installed.kubeconfig, ["--all-namespaces"], tmp_path / "operator-cluster.log"
+    )
+    try:
+        _a_run_succeeds_and_is_deleted(api_client, kubectl, namespace, operator)
+    finally:
+        operator.stop()
+    assert not re.search(r"Not enough permissions", operator.log()), operator.log()[-3000:]
