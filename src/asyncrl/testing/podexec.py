@@ -243,18 +243,23 @@ class PodExecution(threading.Thread):
                 f"image {spec.get('image')!r} is not in the test image table (known: {self.images.names()})",
             )
         mounts = self._container_mounts(spec)
+        # Only what the pod spec says is rewritten to the mounts' local folders; the host side (the image
+        # table's entrypoint and env, the runner's base env) already names real local paths, which may well
+        # lie under a mount path such as /tmp.
         env = dict(self.base_env)
         env.update(image.env)
         env["HOSTNAME"] = self.pod_name
-        env.update(self._resolve_env(spec, mounts))
-        container.env = {key: map_paths(value, mounts) for key, value in env.items()}
+        resolved = self._resolve_env(spec, mounts)
+        env.update({key: map_paths(value, mounts) for key, value in resolved.items()})
+        container.env = env
+        command = [map_paths(part, mounts) for part in spec.get("command") or []]
+        args = [map_paths(part, mounts) for part in spec.get("args") or []]
         try:
-            argv = container_argv(image, spec.get("command"), spec.get("args"), container.env)
+            container.argv = container_argv(image, command, args, container.env)
         except ValueError as error:
             raise PodSetupError(
                 "CreateContainerConfigError", f"container {container.name}: {error}"
             ) from error
-        container.argv = [map_paths(part, mounts) for part in argv]
         working_dir = spec.get("workingDir")
         container.cwd = map_paths(working_dir, mounts) if working_dir else str(self.pod_dir)
         container.log_path = self.log_path(container.name)
