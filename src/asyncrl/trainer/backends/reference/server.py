@@ -111,30 +111,15 @@ class InferenceServer:
         return app
 
     async def _chat_completions(self, request: web.Request) -> web.Response:
-        try:
-            parsed, generation = parse_chat(
-                await _json_body(request),
-                tokenizer=self.tokenizer,
-                config=self.config,
-                max_model_len=self.max_model_len,
-            )
-            policy = self._policy
-            samples = await self._sample(policy, generation)
-        except ApiError as error:
-            return web.json_response(error.body(), status=error.status)
-        body = chat_response(
-            parsed,
-            generation,
-            samples,
-            tokenizer=self.tokenizer,
-            model_name=self.config.served_model_name,
-            model_version=policy.version,
-        )
-        return _answer(body, policy.version)
+        return await self._serve(request, parse_chat, chat_response)
 
     async def _completions(self, request: web.Request) -> web.Response:
+        return await self._serve(request, parse_completion, completion_response)
+
+    async def _serve(self, request: web.Request, parse: Any, respond: Any) -> web.Response:
+        """One generation request: parse, sample from the current weights, answer in OpenAI's shape."""
         try:
-            parsed, generation = parse_completion(
+            parsed, generation = parse(
                 await _json_body(request),
                 tokenizer=self.tokenizer,
                 config=self.config,
@@ -144,7 +129,7 @@ class InferenceServer:
             samples = await self._sample(policy, generation)
         except ApiError as error:
             return web.json_response(error.body(), status=error.status)
-        body = completion_response(
+        body = respond(
             parsed,
             generation,
             samples,
