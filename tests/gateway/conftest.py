@@ -35,15 +35,21 @@ class RunningGateway:
         return f"/proxy/rollout/{rollout_id}/attempt/a1/mode/{mode}/openai/v1/{endpoint}"
 
 
-@pytest.fixture(scope="session")
-def upstream_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def launch_upstream(log_dir: Path) -> tuple[str, ServerProcess]:
+    """A fake OpenAI-compatible server (asyncrl.testing.fake_upstream) on a free port: (base URL, process)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(
         [sys.executable, "-m", "asyncrl.testing.fake_upstream", "--port", str(port)],
         ready_url=f"{url}/stats",
-        log_path=tmp_path_factory.mktemp("upstream") / "upstream.log",
+        log_path=log_dir / "upstream.log",
     )
+    return url, server
+
+
+@pytest.fixture(scope="session")
+def upstream_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url, server = launch_upstream(tmp_path_factory.mktemp("upstream"))
     yield url
     server.stop()
 

@@ -1,4 +1,5 @@
-"""The gateway's management and store routes (FastAPI): pause/resume/state, rollouts, feeds, events, summary.
+"""The gateway's management and store routes (FastAPI): pause/resume/state, upstreams, rollouts, feeds,
+events, summary.
 
 Off the hot path, so clarity wins here: typed request models, one error shape (`{"error": ..., ...}`), and
 auth as a dependency. The gateway key may call everything; an agent token only its own rollout's routes.
@@ -32,6 +33,8 @@ from asyncrl.gateway.models import (
     RolloutCreate,
     RolloutView,
     Transition,
+    UpstreamsUpdate,
+    UpstreamsView,
     WindowSummary,
 )
 from asyncrl.gateway.pause import PauseState
@@ -153,6 +156,21 @@ def build_api(
         ] = None,
     ) -> dict[str, Any]:
         return pause_json(**await drain_fields(wait))
+
+    # -- upstreams (registered at run time once the inference servers are up) ------------------------------
+
+    def upstreams_view() -> UpstreamsView:
+        return UpstreamsView(upstreams=list(proxy.upstreams.urls), model=proxy.model)
+
+    @app.get("/api/upstreams", dependencies=[Management])
+    async def get_upstreams() -> UpstreamsView:
+        return upstreams_view()
+
+    @app.put("/api/upstreams", dependencies=[Management])
+    async def put_upstreams(request: UpstreamsUpdate) -> UpstreamsView:
+        """Replace the upstream set; calls in flight finish on the server they started on."""
+        proxy.set_upstreams(tuple(request.upstreams), model=request.model)
+        return upstreams_view()
 
     # -- rollouts -----------------------------------------------------------------------------------------
 

@@ -103,6 +103,27 @@ class GatewayClient:
         result: dict[str, Any] = (await self._request("GET", "/proxy/state")).json()
         return result
 
+    # -- upstreams ----------------------------------------------------------------------------------------
+
+    async def set_upstreams(self, urls: Iterable[str], *, model: str | None = None) -> dict[str, Any]:
+        """Replace the inference servers model calls go to (and, when given, the model name sent to them).
+
+        Calls in flight finish on the server they started on. Returns `{"upstreams": [...], "model": ...}`;
+        an invalid URL or an empty list raises `GatewayError` (422).
+        """
+        if isinstance(urls, str):
+            raise TypeError("set_upstreams() takes a list of URLs, not one string")
+        body: dict[str, Any] = {"upstreams": list(urls)}
+        if model is not None:
+            body["model"] = model
+        result: dict[str, Any] = (await self._request("PUT", "/api/upstreams", json=body)).json()
+        return result
+
+    async def upstreams(self) -> dict[str, Any]:
+        """`{"upstreams": [...], "model": ...}`: where model calls go now (no upstream until registered)."""
+        result: dict[str, Any] = (await self._request("GET", "/api/upstreams")).json()
+        return result
+
     # -- rollouts -----------------------------------------------------------------------------------------
 
     async def create_rollouts(self, rollouts: Iterable[RolloutCreate]) -> list[RolloutView]:

@@ -2,18 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_core import PydanticCustomError
 
 KEY_ENV_VAR = "ASYNCRL_GATEWAY_KEY"
+
+
+def check_upstream_urls(urls: Iterable[str]) -> tuple[str, ...]:
+    """The upstream base URLs normalized (no trailing slash, duplicates dropped); a clear error otherwise.
+
+    Shared by the configuration (flags) and `PUT /api/upstreams`, so both accept exactly the same URLs.
+    """
+    checked: dict[str, None] = {}
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise PydanticCustomError(
+                "upstream_url", "upstream {url} must start with http:// or https://", {"url": repr(url)}
+            )
+        if not urlsplit(url).netloc or any(char.isspace() for char in url):
+            raise PydanticCustomError(
+                "upstream_url", "upstream {url} is not a URL with a host", {"url": repr(url)}
+            )
+        checked[url.rstrip("/")] = None
+    return tuple(checked)
 
 
 class GatewayConfig(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    upstreams: tuple[str, ...] = Field(description="Base URLs of OpenAI-compatible inference servers.")
+    upstreams: tuple[str, ...] = Field(
+        default=(),
+        description="Base URLs of OpenAI-compatible inference servers; empty until registered at run time "
+        "with PUT /api/upstreams (model calls get 503 meanwhile).",
+    )
     model: str = Field(description="The model name forwarded upstream, whatever name the agent sends.")
     key: SecretStr = Field(description="The gateway key; agent tokens are derived from it.")
-    retry_after_seconds: int = Field(default=5, ge=1, description="Retry-After sent with 429 while paused.")
+    retry_after_seconds: int = Field(
+        default=5, ge=1, description="Retry-After sent with 429 while paused and 503 while no upstream."
+    )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Larger requests get 413.")
     upstream_timeout_seconds: float = Field(default=600.0, gt=0, description="Per model call; then 504.")
     upstream_connect_attempts: int = Field(default=4, ge=1, description="Connect retries before 502.")
@@ -25,10 +54,5 @@ class GatewayConfig(BaseModel):
 
     @field_validator("upstreams")
     @classmethod
-    def _at_least_one_upstream(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise ValueError("give at least one --upstream URL (an OpenAI-compatible server)")
-        for url in value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"upstream {url!r} must start with http:// or https://")
-        return tuple(url.rstrip("/") for url in value)
+    def _valid_upstreams(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return check_upstream_urls(value)

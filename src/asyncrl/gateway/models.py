@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
+from asyncrl.gateway.config import check_upstream_urls
 from asyncrl.rollouts import RolloutState
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
@@ -100,6 +102,31 @@ class PauseRequest(BaseModel):
 
 class ResumeRequest(BaseModel):
     model_version: int | None = Field(default=None, ge=0, description="Training step of the served weights.")
+
+
+class UpstreamsUpdate(BaseModel):
+    """`PUT /api/upstreams`: the inference servers replacing the current set, optionally the model name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    upstreams: list[str] = Field(max_length=1024, description="Base URLs (http(s)://); at least one.")
+    model: str | None = Field(
+        default=None, min_length=1, max_length=512, description="Model name forwarded upstream; unset: kept."
+    )
+
+    @field_validator("upstreams")
+    @classmethod
+    def _valid_upstreams(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise PydanticCustomError("upstreams_empty", "give at least one upstream URL")
+        return list(check_upstream_urls(value))
+
+
+class UpstreamsView(BaseModel):
+    """The upstreams model calls go to now (empty until registered) and the model name forwarded to them."""
+
+    upstreams: list[str]
+    model: str
 
 
 class WindowSummary(BaseModel):

@@ -4,7 +4,8 @@ Every agent model call passes through here, so per-request work is kept small: n
 pydantic validation, one JSON decode/encode to set the model name, the response relayed as bytes and captured
 as bytes (parsed later, off the hot path), and aiohttp as the upstream client (an order of magnitude faster
 than httpx's async pool at this concurrency; see the field notes). The wire contract is Agent Lightning's:
-paths, 429 + Retry-After + X-Agl-Paused while paused, and the same error body.
+paths, 429 + Retry-After + X-Agl-Paused while paused, and the same error body. Until the first upstream is
+registered (started without --upstream, then PUT /api/upstreams), model calls get 503 + Retry-After.
 """
 
 from __future__ import annotations
@@ -59,11 +60,15 @@ def parse_proxy_path(path: str) -> tuple[str, str, str, str] | None:
 
 
 class Upstreams:
-    """The inference servers, chosen by fewest calls in flight."""
+    """The inference servers, chosen by fewest calls in flight; the set can be replaced at run time.
+
+    `urls` is swapped whole (one event loop, so no lock). A server removed while calls are in flight keeps its
+    count until the last of them is released, so counts stay exact even when it is registered again.
+    """
 
     def __init__(self, urls: tuple[str, ...]) -> None:
-        self.urls = list(urls)
-        self._inflight = dict.fromkeys(self.urls, 0)
+        self.urls: tuple[str, ...] = tuple(urls)
+        self._inflight: dict[str, int] = dict.fromkeys(self.urls, 0)
 
     def acquire(self) -> str:
         url = min(self.urls, key=self._inflight.__getitem__)
@@ -71,7 +76,21 @@ class Upstreams:
         return url
 
     def release(self, url: str) -> None:
-        self._inflight[url] -= 1
+        left = self._inflight[url] - 1
+        if left == 0 and url not in self.urls:
+            del self._inflight[url]  # removed from the set, and its last call is over
+        else:
+            self._inflight[url] = left
+
+    def replace(self, urls: tuple[str, ...]) -> None:
+        inflight = {url: count for url, count in self._inflight.items() if count}
+        for url in urls:
+            inflight.setdefault(url, 0)
+        self._inflight = inflight
+        self.urls = tuple(urls)
+
+    def inflight(self, url: str) -> int:
+        return self._inflight.get(url, 0)
 
 
 class ProxyHandler:
@@ -84,6 +103,7 @@ class ProxyHandler:
         self.store = store
         self.metrics = metrics
         self.upstreams = Upstreams(config.upstreams)
+        self.model = config.model  # replaced by set_upstreams(); config is frozen
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -94,6 +114,19 @@ class ProxyHandler:
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
+
+    def set_upstreams(self, urls: tuple[str, ...], *, model: str | None = None) -> None:
+        """Replace the upstream set (checked, non-empty) and, when given, the model name forwarded to it."""
+        previous = self.upstreams.urls
+        self.upstreams.replace(urls)
+        if model is not None:
+            self.model = model
+        logger.info(
+            "upstreams registered: %s (model %s); were: %s",
+            ", ".join(urls),
+            self.model,
+            ", ".join(previous) or "none",
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.monotonic()
@@ -150,13 +183,15 @@ class ProxyHandler:
                 headers={"retry-after": str(self.pause.retry_after_seconds), "x-agl-paused": "true"},
                 reason=self.pause.reason,
             )
+        if not self.upstreams.urls:
+            raise _no_upstream(self.config.retry_after_seconds)
         self.pause.enter()
         self.metrics.inflight.inc()
         try:
             forwarded = request_overrides(
                 body,
                 endpoint=endpoint,
-                model=self.config.model,
+                model=self.model,
                 capture=self.config.capture_token_ids and mode == "train",
             )
             request_bytes = json.dumps(forwarded).encode()
@@ -186,6 +221,8 @@ class ProxyHandler:
         attempts = self.config.upstream_connect_attempts
         last_error = ""
         for attempt in range(attempts):
+            if not self.upstreams.urls:  # cannot happen once registered (the set is never emptied); be safe
+                raise _no_upstream(self.config.retry_after_seconds)
             url = self.upstreams.acquire()
             try:
                 async with self.session.post(
@@ -213,6 +250,16 @@ class ProxyHandler:
                 self.upstreams.release(url)
         logger.warning("upstream unavailable after %d attempts: %s", attempts, last_error)
         raise _Reject(502, "upstream unavailable", detail=last_error, attempts=attempts)
+
+
+def _no_upstream(retry_after_seconds: int) -> _Reject:
+    return _Reject(
+        503,
+        "no upstream registered",
+        headers={"retry-after": str(retry_after_seconds)},
+        detail="no inference server is registered yet; the trainer registers them with PUT /api/upstreams "
+        "once they are up (or start the gateway with --upstream)",
+    )
 
 
 def _headers(scope: Scope) -> dict[str, str]:

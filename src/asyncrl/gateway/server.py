@@ -20,14 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upstream",
         action="append",
-        required=True,
         metavar="URL",
-        help="OpenAI-compatible server; repeatable",
+        help="OpenAI-compatible server; repeatable. Optional: without it, model calls get 503 until the "
+        "trainer registers the servers with PUT /api/upstreams",
     )
     parser.add_argument("--model", required=True, help="model name forwarded upstream")
     parser.add_argument("--key-file", type=Path, help=f"file holding the gateway key (or set {KEY_ENV_VAR})")
     parser.add_argument(
-        "--retry-after-seconds", type=int, default=5, help="Retry-After while paused (default 5)"
+        "--retry-after-seconds",
+        type=int,
+        default=5,
+        help="Retry-After while paused or while no upstream is registered (default 5)",
     )
     parser.add_argument(
         "--upstream-timeout-seconds", type=float, default=600.0, help="per model call (default 600)"
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = GatewayConfig(
-            upstreams=tuple(args.upstream),
+            upstreams=tuple(args.upstream or ()),
             model=args.model,
             key=SecretStr(read_key(args.key_file)),
             retry_after_seconds=args.retry_after_seconds,
@@ -75,9 +78,8 @@ def run(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 20, 10)
-    logger.info(
-        "gateway on %s:%d → %s (model %s)", args.host, args.port, ", ".join(config.upstreams), config.model
-    )
+    upstreams = ", ".join(config.upstreams) or "no upstream yet (register with PUT /api/upstreams)"
+    logger.info("gateway on %s:%d → %s (model %s)", args.host, args.port, upstreams, config.model)
     uvicorn.run(
         gateway.asgi,
         host=args.host,
