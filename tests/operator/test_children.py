@@ -32,6 +32,14 @@ def test_the_gateway_is_a_native_sidecar_and_the_trainer_holds_the_gpus() -> Non
     assert f"--gateway-url=http://127.0.0.1:{port}" in trainer["args"]
 
 
+def test_a_verl_gateway_starts_without_an_upstream_the_trainer_registers_the_vllm_replicas() -> None:
+    run, spec = _run(trainer={"backend": "verl", "gpus": 1})
+    pod = children.trainer_job(run, spec)["spec"]["template"]["spec"]
+    (gateway,) = pod["initContainers"]
+    assert not [arg for arg in gateway["args"] if arg.startswith("--upstream")]
+    assert f"--model={spec.model.name}" in gateway["args"]
+
+
 def test_rows_from_a_configmap_are_mounted_and_passed_to_the_trainer() -> None:
     run, spec = _run(data={"configMapRef": {"name": "prompts", "key": "rows.jsonl"}})
     pod = children.trainer_job(run, spec)["spec"]["template"]["spec"]

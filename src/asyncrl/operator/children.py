@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from asyncrl.api import AsyncTrainingRunSpec
+from asyncrl.api.types.spec import TrainerBackend
 from asyncrl.operator import names
 
 JSON = dict[str, Any]
@@ -100,7 +101,7 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
     if spec.trainer.gpus:
         for section in ("limits", "requests"):
             resources.setdefault(section, {})["nvidia.com/gpu"] = spec.trainer.gpus
-    gateway = {
+    gateway: JSON = {
         "name": "gateway",
         "image": spec.gateway.image,
         "restartPolicy": "Always",  # a native sidecar: starts first, keeps running, stops after the trainer
@@ -108,7 +109,6 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         "args": [
             "--host=0.0.0.0",
             f"--port={port}",
-            f"--upstream=http://127.0.0.1:{inference_port(spec)}",
             f"--model={spec.model.name}",
             f"--key-file={KEY_DIR}/{secret_key}",
             f"--retry-after-seconds={spec.gateway.retry_after_seconds}",
@@ -117,6 +117,9 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"}, "periodSeconds": 2},
         "volumeMounts": [{"name": "gateway-key", "mountPath": KEY_DIR, "readOnly": True}],
     }
+    if spec.trainer.backend is TrainerBackend.REFERENCE:
+        # Its one server has a fixed port. verl's vLLM replicas pick theirs: the trainer registers them.
+        gateway["args"].insert(2, f"--upstream=http://127.0.0.1:{inference_port(spec)}")
     env: list[JSON] = [
         {
             "name": "ASYNCRL_GATEWAY_KEY",

@@ -114,6 +114,9 @@ class StepLoop:
     async def run(self) -> int:
         """Run steps until totalSteps, or until one pass over the data is trained on; returns steps run."""
         await self.wait_for_gateway()
+        # The gateway forwards agents' calls to the backend's servers, which exist only now (verl's vLLM
+        # replicas pick their own ports), and resumes only below.
+        await self.gateway.set_upstreams(self.backend.serve_urls, model=self.backend.served_model)
         await self.recover()
         await self.gateway.resume(model_version=self.backend.model_version)
         steps_run = 0

@@ -13,6 +13,7 @@ import yaml
 
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
 from asyncrl.api.types.spec import RolloutCorrectionMode, TrainerBackend
+from asyncrl.api.types.verl_overrides import flatten_overrides
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.trainer.adapter import AdapterConfig, RowLevel
@@ -64,23 +65,41 @@ def rows_of(run: AsyncTrainingRun, data_file: Path | None) -> list[Any]:
     return load_rows_file(data_file)
 
 
-def build_backend(run: AsyncTrainingRun, inference_port: int) -> Backend:
-    spec = run.spec
-    if spec.trainer.backend is not TrainerBackend.REFERENCE:
+def build_backend(run: AsyncTrainingRun, *, inference_port: int, checkpoint_dir: Path | None) -> Backend:
+    if run.spec.trainer.backend is TrainerBackend.VERL:
+        return build_verl_backend(run, checkpoint_dir=checkpoint_dir)
+    return build_reference_backend(run, inference_port=inference_port)
+
+
+def build_verl_backend(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> Backend:
+    """verl's config for this run, checked before any GPU work starts: a bad setting fails in seconds."""
+    try:
+        from asyncrl.trainer.backends.verl.backend import VerlBackend
+        from asyncrl.trainer.backends.verl.config import VerlConfigError, compose_verl_config, verl_settings
+    except ImportError as error:
         raise SystemExit(
-            f"asyncrl trainer: trainer.backend {spec.trainer.backend.value!r} is not available yet; "
-            "use trainer.backend: reference (CPU)"
-        )
+            f"asyncrl trainer: trainer.backend verl needs verl and its GPU stack ({error}); use the trainer "
+            "image (trainer_image/), or pip install 'asyncrl[trainer,gpu]'"
+        ) from error
+    try:
+        config = compose_verl_config(verl_settings(run, checkpoint_dir=checkpoint_dir))
+    except VerlConfigError as error:
+        raise SystemExit(f"asyncrl trainer: {error}") from error
+    return VerlBackend(config)
+
+
+def build_reference_backend(run: AsyncTrainingRun, *, inference_port: int) -> Backend:
     from asyncrl.trainer.backends.reference import ReferenceBackend
     from asyncrl.trainer.backends.reference.config import ReferenceBackendConfig, ServerConfig, UpdateConfig
 
+    spec = run.spec
     correction = spec.rollout_correction
     rollout_is: Literal["token", "sequence"] | None = None
     if correction.mode is RolloutCorrectionMode.TOKEN:
         rollout_is = "token"
     elif correction.mode is RolloutCorrectionMode.SEQUENCE:
         rollout_is = "sequence"
-    overrides = spec.trainer.verl_overrides or {}
+    overrides = flatten_overrides(spec.trainer.verl_overrides or {})
     # verl's key means the same here, so one manifest tunes both backends alike.
     learning_rate = float(overrides.get(LEARNING_RATE_KEY, UpdateConfig().learning_rate))
     config = ReferenceBackendConfig(
@@ -144,10 +163,10 @@ async def train(args: argparse.Namespace) -> int:
         retry_after_seconds=spec.gateway.retry_after_seconds,
     )
     prompts = PromptSource(rows_of(run, args.data_file), shuffle=spec.data.shuffle, seed=spec.data.seed)
-    backend = build_backend(run, args.inference_port)
+    backend = build_backend(run, inference_port=args.inference_port, checkpoint_dir=args.checkpoint_dir)
     sinks = build_sinks(run, args)
     await backend.start()
-    logger.info("model server on %s; gateway %s", backend.serve_url, args.gateway_url)
+    logger.info("model servers %s; gateway %s", ", ".join(backend.serve_urls), args.gateway_url)
     try:
         async with GatewayClient(args.gateway_url, key) as gateway:
             loop = StepLoop(settings=settings, gateway=gateway, backend=backend, prompts=prompts, sinks=sinks)

@@ -22,7 +22,7 @@ async def serving(backend: ReferenceBackend) -> AsyncIterator[aiohttp.ClientSess
     """The backend started on a free loopback port, and an HTTP session to call it with."""
     await backend.start()
     try:
-        async with aiohttp.ClientSession(base_url=backend.serve_url) as session:
+        async with aiohttp.ClientSession(base_url=backend.serve_urls[0]) as session:
             yield session
     finally:
         await backend.stop()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Self
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from asyncrl.api.types.meta import ApiModel, FieldRuleError, cel_rules, section
 from asyncrl.api.types.rules import (
@@ -23,6 +23,7 @@ from asyncrl.api.types.rules import (
     check_exactly_one,
     immutable_rules,
 )
+from asyncrl.api.types.verl_overrides import owned_key_errors
 from asyncrl.trainer.window import StalenessPolicy, WindowConfig
 
 
@@ -200,7 +201,12 @@ class TrainerSpec(ApiModel):
         description="GPUs of the trainer pod, shared by inference and training; 0 for the reference backend.",
     )
     verl_overrides: dict[str, Any] | None = Field(
-        default=None, description="Hydra overrides merged into verl's trainer config (verl backend only)."
+        default=None,
+        description=(
+            "verl settings merged into verl's trainer config (verl backend only): Hydra keys, flat with "
+            "dots or nested; a leading + adds an undeclared key. Keys the run sets itself (batch sizes, "
+            "rollout.n, the model, GPUs, rollout correction) are rejected."
+        ),
     )
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Where and how often checkpoints are saved.")
     fill_reward: float = Field(
@@ -210,6 +216,14 @@ class TrainerSpec(ApiModel):
         default=SampleLevel.TRAJECTORY,
         description="Train on each model call (`transition`) or on each whole rollout (`trajectory`).",
     )
+
+    @field_validator("verl_overrides")
+    @classmethod
+    def _no_owned_verl_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        errors = owned_key_errors(value or {})
+        if errors:
+            raise ValueError("; ".join(errors))
+        return value
 
 
 class GatewaySpec(ApiModel):

@@ -3,8 +3,9 @@
 The trainer's step loop (window, gateway pause/drain, metrics) is the same for every backend; only the four
 things below differ between the CPU reference backend and the verl GPU backend:
 
-1. an OpenAI-compatible inference endpoint that the gateway forwards model calls to (`serve_url`), serving
-   weights whose training step is `model_version`;
+1. OpenAI-compatible inference endpoints that the gateway forwards model calls to (`serve_urls`, registered
+   with the gateway at start with the name they serve, `served_model`), serving weights whose training step
+   is `model_version`;
 2. `sleep()` / `wake()` around an update, so collocated inference gives the accelerator memory back
    (vLLM's sleep mode on GPU; no-ops on CPU);
 3. `update()`: one optimizer step of GRPO on the rows of complete groups;
@@ -93,8 +94,13 @@ class TrainerBackend(Protocol):
     """
 
     @property
-    def serve_url(self) -> str:
-        """Base URL of the inference endpoint (without `/v1`): the gateway's `--upstream`."""
+    def serve_urls(self) -> tuple[str, ...]:
+        """Base URLs (without `/v1`) of the inference servers: the gateway's upstreams, one per replica."""
+        ...
+
+    @property
+    def served_model(self) -> str:
+        """The model name those servers answer to; the gateway forwards it whatever name agents send."""
         ...
 
     @property

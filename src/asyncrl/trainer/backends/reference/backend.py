@@ -57,8 +57,12 @@ class ReferenceBackend:
         )
 
     @property
-    def serve_url(self) -> str:
-        return self.server.url
+    def serve_urls(self) -> tuple[str, ...]:
+        return (self.server.url,)
+
+    @property
+    def served_model(self) -> str:
+        return self.config.server.served_model_name
 
     @property
     def model_version(self) -> int:

@@ -1,0 +1,244 @@
+"""The verl backend: verl 0.9's collocated async machinery (FSDP actor + vLLM replicas on the same GPUs).
+
+Start: Ray and TransferQueue in this process, then `WindowDrivenTrainer.init()` (verl builds the actor
+worker group, launches one vLLM OpenAI server per replica and syncs the initial weights into them). The
+replicas' HTTP addresses are this backend's `serve_urls`; the step loop registers them with the gateway, with
+the model name vLLM serves (read from its `/v1/models`).
+
+One step, as the step loop calls it (the gateway is paused and drained first, so no agent call is in flight):
+`sleep()` = verl's `abort_replicas()` (a safety net: nothing should be running) + `sleep_replicas()` (vLLM
+frees weights and KV cache); `update(rows)` = the rows into TransferQueue, verl's PPO pipeline, the records
+cleared; `wake()` = verl's `update_weights()` (the new weights into vLLM, which wakes it) +
+`resume_generation_replicas()`. These are the calls verl's own colocate_async trainer makes in
+`on_sample_end` and `on_step_end`.
+
+verl's calls block (Ray); each runs in a worker thread so that the trainer's event loop keeps answering.
+Nothing here runs without a GPU: the CPU tests cover the config, the batch and the verl API this module uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
+from asyncrl.trainer.backends.staging import staged_directory
+from asyncrl.trainer.backends.verl.batch import build_trajectory_batch
+from asyncrl.trainer.rows import TrainingRow
+
+logger = logging.getLogger(__name__)
+
+PARTITION = "train"
+FORMAT = "asyncrl-verl-checkpoint/1"
+META_FILE = "checkpoint.json"
+ACTOR_DIR = "actor"
+
+
+class VerlBackend:
+    def __init__(self, config: Any) -> None:
+        """`config`: verl's trainer config, from `compose_verl_config` (checked there)."""
+        self.config = config
+        self._trainer: Any = None
+        self._serve_urls: tuple[str, ...] = ()
+        self._served_model = ""
+        self._version = 0
+
+    @property
+    def serve_urls(self) -> tuple[str, ...]:
+        return self._serve_urls
+
+    @property
+    def served_model(self) -> str:
+        return self._served_model
+
+    @property
+    def model_version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start_blocking)
+        self._served_model = await served_model_name(self._serve_urls[0])
+        logger.info("vLLM replicas %s serve %r", ", ".join(self._serve_urls), self._served_model)
+
+    async def stop(self) -> None:
+        if self._trainer is None:
+            return
+        self._trainer = None
+        await asyncio.to_thread(_shutdown)
+
+    async def sleep(self) -> None:
+        await asyncio.to_thread(self._sleep_blocking)
+
+    async def wake(self) -> None:
+        await asyncio.to_thread(self._wake_blocking)
+
+    async def update(self, rows: Sequence[TrainingRow], *, step: int) -> UpdateMetrics:
+        return await asyncio.to_thread(self._update_blocking, list(rows), step)
+
+    async def save_checkpoint(self, path: Path, *, step: int) -> None:
+        await asyncio.to_thread(self._save_blocking, Path(path), step)
+
+    async def load_checkpoint(self, path: Path) -> int:
+        return await asyncio.to_thread(self._load_blocking, Path(path))
+
+    # -- blocking parts (worker threads) -------------------------------------------------------------------
+
+    def _start_blocking(self) -> None:
+        import ray
+        import transfer_queue as tq
+        from omegaconf import OmegaConf
+
+        from asyncrl.trainer.backends.verl.trainer import WindowDrivenTrainer
+
+        if not ray.is_initialized():
+            runtime_env = _ray_runtime_env(self.config)
+            runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
+            ray.init(runtime_env=runtime_env, include_dashboard=False)
+        OmegaConf.resolve(self.config)
+        tq.init(self.config.transfer_queue)
+        trainer: Any = WindowDrivenTrainer(config=self.config)
+        trainer.init()  # workers, vLLM replicas, checkpoint engine; ends with the initial weights served
+        self._trainer = trainer
+        addresses = trainer.llm_server_manager.get_addresses()
+        self._serve_urls = tuple(f"http://{address}" for address in addresses)
+        if not self._serve_urls:
+            raise RuntimeError("verl started no vLLM replica; check trainer.gpus and the rollout settings")
+
+    def _sleep_blocking(self) -> None:
+        manager = self._started().checkpoint_manager
+        manager.abort_replicas()
+        manager.sleep_replicas()
+
+    def _wake_blocking(self) -> None:
+        manager = self._started().checkpoint_manager
+        manager.update_weights(self._version)
+        manager.resume_generation_replicas()
+
+    def _update_blocking(self, rows: list[TrainingRow], step: int) -> UpdateMetrics:
+        import transfer_queue as tq
+        from transfer_queue import KVBatchMeta
+
+        trainer = self._started()
+        started = time.perf_counter()
+        batch = build_trajectory_batch(rows, step=step)
+        tq.kv_batch_put(keys=batch.keys, partition_id=PARTITION, fields=batch.fields(), tags=batch.tags)
+        meta = KVBatchMeta(partition_id=PARTITION, keys=list(batch.keys), tags=list(batch.tags))
+        try:
+            verl_metrics = trainer.train_on(meta, step=step)
+        finally:
+            tq.kv_clear(keys=list(meta.keys), partition_id=PARTITION)  # with verl's padding rows, if any
+        self._version = step + 1
+        seconds = time.perf_counter() - started
+        return update_metrics(rows, verl_metrics, step=step, seconds=seconds)
+
+    def _save_blocking(self, path: Path, step: int) -> None:
+        trainer = self._started()
+        with staged_directory(path) as staging:
+            trainer.actor_rollout_wg.save_checkpoint(str(staging / ACTOR_DIR), None, step)
+            (staging / META_FILE).write_text(json.dumps({"format": FORMAT, "step": step}, indent=2))
+
+    def _load_blocking(self, path: Path) -> int:
+        trainer = self._started()
+        meta_path = path / META_FILE
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"no checkpoint at {path} ({META_FILE} is missing)")
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
+        step = int(meta["step"])
+        manager = trainer.checkpoint_manager
+        manager.abort_replicas()
+        manager.sleep_replicas()
+        trainer.actor_rollout_wg.load_checkpoint(str(path / ACTOR_DIR), del_local_after_load=False)
+        self._version = step
+        manager.update_weights(step)
+        manager.resume_generation_replicas()
+        return step
+
+    def _started(self) -> Any:
+        if self._trainer is None:
+            raise RuntimeError("the verl backend is not started")
+        return self._trainer
+
+
+def update_metrics(
+    rows: Sequence[TrainingRow], verl_metrics: dict[str, Any], *, step: int, seconds: float
+) -> UpdateMetrics:
+    """asyncrl's update metrics from the rows and verl's (kept verbatim, under their names, in `extra`)."""
+    rewards = [row.reward for row in rows]
+    total_tokens = sum(len(row.prompt_token_ids) + len(row.response_token_ids) for row in rows)
+    extra = {name: float(value) for name, value in verl_metrics.items() if _is_number(value)}
+    return UpdateMetrics(
+        step=step,
+        model_version=step + 1,
+        loss=extra.get("actor/pg_loss", float("nan")),
+        grad_norm=extra.get("actor/grad_norm", float("nan")),
+        reward_mean=statistics.fmean(rewards),
+        reward_std=statistics.pstdev(rewards),
+        rows=len(rows),
+        trained_tokens=sum(sum(row.response_mask) for row in rows),
+        total_tokens=total_tokens,
+        seconds=seconds,
+        tokens_per_second=total_tokens / seconds if seconds > 0 else 0.0,
+        clip_fraction=extra.get("actor/pg_clipfrac", 0.0),
+        ppo_kl=extra.get("actor/ppo_kl", 0.0),
+        importance_weight_mean=extra.get("rollout_corr/rollout_is_mean"),
+        importance_weight_max=extra.get("rollout_corr/rollout_is_max"),
+        importance_weight_min=extra.get("rollout_corr/rollout_is_min"),
+        extra=extra,
+    )
+
+
+async def served_model_name(url: str, *, attempts: int = 60) -> str:
+    """The model id an OpenAI server serves (`GET /v1/models`), waiting up to `attempts` seconds for it."""
+    async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
+        for attempt in range(attempts):
+            try:
+                response = await client.get("/v1/models")
+                response.raise_for_status()
+                models = response.json().get("data") or []
+                if models:
+                    return str(models[0]["id"])
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+                logger.info("waiting for %s/v1/models (%d): %s", url, attempt + 1, error)
+            await asyncio.sleep(1.0)
+    raise RuntimeError(f"{url}/v1/models named no model within {attempts}s")
+
+
+def _ray_runtime_env(config: Any) -> dict[str, Any]:
+    """verl's Ray runtime environment for its workers (tokenizer, NCCL and vLLM settings)."""
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    runtime_env: dict[str, Any] = get_ppo_ray_runtime_env(config)  # type: ignore[no-untyped-call]
+    return runtime_env
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _shutdown() -> None:
+    import ray
+    import transfer_queue as tq
+
+    try:
+        tq.close()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+if TYPE_CHECKING:  # mypy proves the protocol is implemented
+    _conforms: TrainerBackend = VerlBackend(None)

@@ -1,0 +1,234 @@
+"""The run → verl's trainer config: verl's own defaults, then ours, then the run's overrides, then what the
+run decides (batch sizes, `rollout.n`, model, GPUs, rollout correction, the trainer mode).
+
+`verl_settings` is pure (the run's fields, checked); `compose_verl_config` loads verl's Hydra config
+(`verl/trainer/config/ppo_trainer.yaml`, the one `python -m verl.trainer.main_ppo` reads) and runs verl's own
+`validate_config` on the result, so a setting verl would refuse on the GPU machine is refused here, at the
+trainer's start, with the key named.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.api import AsyncTrainingRun
+from asyncrl.api.types.spec import RolloutCorrectionMode
+from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
+
+VERL_CONFIG_NAME = "ppo_trainer"
+TRAINER_MODE = "colocate_async"
+
+# Our defaults where verl's do not suit an agent run; every one may be overridden in verlOverrides.
+ASYNCRL_DEFAULTS: Mapping[str, Any] = {
+    # One vLLM replica per GPU: more replicas for the gateway to balance agents over.
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    # Rows differ in length and number (one per model call at transition level): token-budget micro-batches.
+    "actor_rollout_ref.actor.use_dynamic_bsz": True,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
+    # Agents' contexts are longer than verl's single-turn defaults (512 + 512).
+    "data.max_prompt_length": 4096,
+    "data.max_response_length": 4096,
+    # The actor's log-probs are compared with vLLM's (verl's rollout-vs-actor debug metrics).
+    "actor_rollout_ref.rollout.calculate_log_probs": True,
+    "algorithm.adv_estimator": "grpo",
+    # asyncrl logs to W&B itself; verl's own tracking and validation loop are not used.
+    "trainer.logger": ["console"],
+    "trainer.val_before_train": False,
+    "trainer.test_freq": -1,
+    "trainer.save_freq": -1,
+    "trainer.project_name": "asyncrl",
+}
+
+
+class VerlConfigError(ValueError):
+    """A run whose verl settings verl would refuse; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class VerlSettings:
+    """What the run decides for verl, and the user's overrides (flat, checked against the owned keys)."""
+
+    model_path: str
+    train_batch_size: int  # groups per update
+    rollout_n: int
+    gpus: int
+    total_steps: int | None
+    rollout_is: str | None  # "token" | "sequence" | None (off)
+    rollout_is_threshold: float
+    checkpoint_dir: str
+    experiment_name: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def owned(self) -> dict[str, Any]:
+        """The keys the run sets (OWNED_VERL_KEYS), with their values."""
+        owned: dict[str, Any] = {
+            "data.train_batch_size": self.train_batch_size,
+            "data.gen_batch_size": 1,
+            "actor_rollout_ref.rollout.n": self.rollout_n,
+            "actor_rollout_ref.model.path": self.model_path,
+            "trainer.n_gpus_per_node": self.gpus,
+            "trainer.nnodes": 1,
+            "trainer.total_epochs": 1,
+            "trainer.use_v1": True,
+            "trainer.v1.trainer_mode": TRAINER_MODE,
+            "trainer.default_local_dir": self.checkpoint_dir,
+            "trainer.resume_mode": "disable",
+            "algorithm.rollout_correction.rollout_is": self.rollout_is,
+            "algorithm.rollout_correction.rollout_is_threshold": self.rollout_is_threshold,
+            "actor_rollout_ref.rollout.name": "vllm",
+            "actor_rollout_ref.rollout.skip_tokenizer_init": False,
+            "transfer_queue.enable": True,
+        }
+        if self.total_steps is not None:
+            owned["trainer.total_training_steps"] = self.total_steps
+        return owned
+
+    def defaults(self) -> dict[str, Any]:
+        """ASYNCRL_DEFAULTS plus the ones that follow from the run (one optimizer step per update)."""
+        return {
+            **ASYNCRL_DEFAULTS,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": self.train_batch_size,
+            "trainer.experiment_name": self.experiment_name,
+        }
+
+
+def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> VerlSettings:
+    spec = run.spec
+    if spec.trainer.gpus < 1:
+        raise VerlConfigError(
+            "spec.trainer.gpus is 0, and the verl backend trains and serves on GPUs: set spec.trainer.gpus "
+            "to the GPUs of the trainer pod (1 or more), or use spec.trainer.backend: reference on CPU"
+        )
+    errors = owned_key_errors(spec.trainer.verl_overrides or {})
+    if errors:
+        raise VerlConfigError("spec.trainer.verlOverrides: " + "; ".join(errors))
+    mode = spec.rollout_correction.mode
+    return VerlSettings(
+        model_path=spec.model.path,
+        train_batch_size=spec.train_batch_size,
+        rollout_n=spec.rollout.n,
+        gpus=spec.trainer.gpus,
+        total_steps=spec.total_steps,
+        rollout_is=None if mode is RolloutCorrectionMode.OFF else mode.value,
+        rollout_is_threshold=spec.rollout_correction.threshold,
+        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else "checkpoints",
+        experiment_name=run.name or "asyncrl-run",
+        overrides=flatten_overrides(spec.trainer.verl_overrides or {}),
+    )
+
+
+def compose_verl_config(settings: VerlSettings) -> Any:
+    """verl's trainer config (an OmegaConf DictConfig) for this run, checked by verl's `validate_config`."""
+    import verl.trainer.config as verl_config_package
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    config_dir = os.path.dirname(os.path.abspath(verl_config_package.__file__))
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name=VERL_CONFIG_NAME)
+    OmegaConf.set_struct(config, True)
+    for key, value in settings.defaults().items():
+        _set(config, key, value, source="asyncrl's defaults")
+    for key, value in settings.overrides.items():
+        _set(config, key, value, source="spec.trainer.verlOverrides")
+    for key, value in settings.owned().items():
+        _set(config, key, value, source="the run")
+    validate(config)
+    return config
+
+
+def validate(config: Any) -> None:
+    """verl's own check of the whole config (batch-size divisibility, micro-batches, parallelism...)."""
+    from hydra.errors import InstantiationException
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    try:
+        validate_config(
+            config=config,
+            use_reference_policy=need_reference_policy(config),
+            use_critic=need_critic(config),
+        )
+    except (AssertionError, ValueError, TypeError, InstantiationException) as error:
+        reason = error.__cause__ if isinstance(error, InstantiationException) and error.__cause__ else error
+        raise VerlConfigError(
+            f"verl refuses this configuration: {reason} (set by the run, asyncrl's defaults or "
+            "spec.trainer.verlOverrides)"
+        ) from error
+
+
+def _set(config: Any, key: str, value: Any, *, source: str) -> None:
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    adds = key.startswith("+")
+    bare = key.lstrip("+")
+    if not adds:
+        _check_type(config, bare, value, source=source)
+    try:
+        if adds:
+            with open_dict(config):
+                OmegaConf.update(config, bare, value, merge=True, force_add=True)
+        else:
+            OmegaConf.update(config, bare, value, merge=True)
+    except (ConfigAttributeError, ConfigKeyError) as error:
+        known = sorted(_leaf_keys(config))
+        close = difflib.get_close_matches(bare, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise VerlConfigError(
+            f"{source}: {bare!r} is not a verl setting.{hint} To add a key verl does not declare, write "
+            f"'+{bare}'."
+        ) from error
+    except ValidationError as error:
+        raise VerlConfigError(
+            f"{source}: {bare!r} = {value!r} is refused by verl's config: {error.msg}"
+        ) from error
+
+
+def _check_type(config: Any, key: str, value: Any, *, source: str) -> None:
+    """verl's YAML nodes are untyped: compare with the default's type (`lr: abc` fails here, not on a GPU)."""
+    from omegaconf import OmegaConf
+
+    current = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+    if current is None or value is None or OmegaConf.is_config(current):
+        return
+    expected = _kind(current)
+    if expected != _kind(value) and not (expected == "number" and _kind(value) == "integer"):
+        article = "an" if expected[0] in "aeiou" else "a"
+        raise VerlConfigError(
+            f"{source}: {key!r} takes {article} {expected} (verl's default is {current!r}), not {value!r}"
+        )
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple) or (hasattr(value, "__len__") and not isinstance(value, Mapping)):
+        return "list"
+    return type(value).__name__
+
+
+def _leaf_keys(config: Any, prefix: str = "") -> Iterator[str]:
+    from omegaconf import DictConfig
+
+    for key in config:
+        name = f"{prefix}{key}"
+        try:
+            child = config._get_node(key)
+        except Exception:  # pragma: no cover - a node OmegaConf cannot hand out is simply not suggested
+            continue
+        if isinstance(child, DictConfig):
+            yield from _leaf_keys(child, prefix=name + ".")
+        else:
+            yield name
