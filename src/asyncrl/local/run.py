@@ -148,13 +148,14 @@ async def run_locally(args: argparse.Namespace) -> int:
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     env = {**os.environ, KEY_ENV_VAR: key, "PYTHONUNBUFFERED": "1"}
     cli = [sys.executable, "-m", "asyncrl.cli"]
+    # The trainer registers its inference servers with the gateway when they are up (verl's vLLM replicas
+    # pick their own ports), so the gateway starts without an upstream.
     gateway_process = _Process(
         "gateway",
         [
             *cli,
             "gateway",
             f"--port={gateway_port}",
-            f"--upstream=http://127.0.0.1:{inference_port}",
             f"--model={run.spec.model.name}",
             f"--retry-after-seconds={run.spec.gateway.retry_after_seconds}",
             "--log-level=warning",

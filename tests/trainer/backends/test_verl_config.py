@@ -171,3 +171,19 @@ def test_the_trainer_command_refuses_a_bad_verl_setting_at_once(tmp_path: Path) 
     assert completed.returncode != 0
     assert "'actor_rollout_ref.actor.optim.lrr' is not a verl setting" in completed.stderr
     assert "Did you mean 'actor_rollout_ref.actor.optim.lr'?" in completed.stderr
+
+
+def test_training_attention_defaults_to_sdpa_for_an_image_without_flash_attn_and_can_be_switched() -> None:
+    default = verl_config()
+    assert default.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert default.actor_rollout_ref.model.use_remove_padding is False
+    fast = verl_config(
+        trainer={
+            "verlOverrides": {
+                "actor_rollout_ref.model.override_config.attn_implementation": "flash_attention_2",
+                "actor_rollout_ref.model.use_remove_padding": True,
+            }
+        }
+    )
+    assert fast.actor_rollout_ref.model.override_config.attn_implementation == "flash_attention_2"
+    assert fast.actor_rollout_ref.model.use_remove_padding is True

@@ -33,6 +33,11 @@ ASYNCRL_DEFAULTS: Mapping[str, Any] = {
     # Agents' contexts are longer than verl's single-turn defaults (512 + 512).
     "data.max_prompt_length": 4096,
     "data.max_response_length": 4096,
+    # The trainer image has no flash-attn (verl's default attention for training; it would have to be compiled
+    # against CUDA in the image build): PyTorch's SDPA, on padded batches. With flash-attn installed, set
+    # attn_implementation: flash_attention_2 and use_remove_padding: true for speed.
+    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    "actor_rollout_ref.model.use_remove_padding": False,
     # The actor's log-probs are compared with vLLM's (verl's rollout-vs-actor debug metrics).
     "actor_rollout_ref.rollout.calculate_log_probs": True,
     "algorithm.adv_estimator": "grpo",
