@@ -38,6 +38,9 @@ def test_a_verl_gateway_starts_without_an_upstream_the_trainer_registers_the_vll
     (gateway,) = pod["initContainers"]
     assert not [arg for arg in gateway["args"] if arg.startswith("--upstream")]
     assert f"--model={spec.model.name}" in gateway["args"]
+    (trainer,) = pod["containers"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]  # Ray, NCCL, vLLM
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer["volumeMounts"]
 
 
 def test_rows_from_a_configmap_are_mounted_and_passed_to_the_trainer() -> None:

@@ -153,6 +153,11 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         {"name": "config", "configMap": {"name": names.config_map_name(run_name)}},
         {"name": "gateway-key", "secret": {"secretName": secret_name}},
     ]
+    if spec.trainer.backend is TrainerBackend.VERL:
+        # Ray's object store, NCCL and vLLM's workers share memory through /dev/shm, which is 64 MiB in a
+        # container unless a memory-backed volume replaces it.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        trainer["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     data_ref = spec.data.config_map_ref
     if data_ref is not None:  # the rows file, mounted for the trainer's --data-file
         volumes.append(

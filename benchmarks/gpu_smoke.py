@@ -1,0 +1,157 @@
+"""GPU smoke run of the verl backend: a few async steps end to end on one GPU, with a model made here.
+
+What it runs
+    A small Llama (random weights, the reference backend's byte tokenizer with its ChatML template) is written
+    to --work-dir/model as a Hugging Face model directory: nothing is downloaded, so it runs on a machine
+    without network. Then `asyncrl local run` with the toy agent of the quickstart and `trainer.backend: verl`
+    on 1 GPU: the real gateway, the real trainer (verl's colocate_async machinery: FSDP actor and a vLLM
+    replica on the same GPU, sleep/wake around each update) and local agents. --steps updates (default 3),
+    asynchronously (asyncTrainBatchSize = 2 x trainBatchSize).
+
+What it prints
+    The local run's status lines while it runs; then per step the six window metrics (the seed's), the step
+    and update times and the reward, read from the trainer's metrics file. Exit code 0 when every step ran.
+
+Needs
+    An NVIDIA GPU, and this repository's checkout with `pip install -e '.[trainer,gpu]'` (torch 2.11.0, vllm
+    0.24.0, verl 0.9.1: see trainer_image/constraints.txt), or the trainer image with the checkout mounted.
+    Run it as `benchmarks/gpu_smoke.sh`, which checks those first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "examples" / "quickstart-local.yaml"
+
+SIX = (
+    "training/async/n_prev_carry_over_rollouts",
+    "training/async/n_completed_rollouts",
+    "training/async/n_new_carry_over_rollouts",
+    "training/async/new_carry_over_age_max_steps",
+    "training/async/proxy_inflight_at_pause",
+    "training/async/proxy_drain_seconds",
+)
+TIMES = ("timing/step_seconds", "training/update/seconds", "training/reward_mean")
+
+
+def make_model(directory: Path) -> None:
+    """A small Llama with random weights and the byte tokenizer, saved as vLLM and verl load a HF model."""
+    from asyncrl.trainer.backends.reference.config import ModelConfig
+    from asyncrl.trainer.backends.reference.model import build_policy_model
+    from asyncrl.trainer.backends.reference.tokenizer import IM_END, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = build_policy_model(
+        ModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=512, max_model_len=4096),
+        vocab_size=len(tokenizer),
+    )
+    stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]
+    model.config.eos_token_id = stops
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = stops
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
+def manifest(model_dir: Path, steps: int) -> dict[str, Any]:
+    run: dict[str, Any] = yaml.safe_load(QUICKSTART.read_text())
+    run["metadata"]["name"] = "gpu-smoke"
+    spec = run["spec"]
+    spec["model"] = {"name": "smoke-policy", "path": str(model_dir)}
+    spec["totalSteps"] = steps
+    spec["logging"] = {"wandb": {"mode": "disabled"}}
+    spec["trainer"] = {
+        "backend": "verl",
+        "gpus": 1,
+        "checkpoint": {"everySteps": steps},
+        "verlOverrides": {
+            "actor_rollout_ref.actor.optim.lr": 1e-5,
+            # Small model, small memory: leave most of the GPU to the actor, start vLLM fast.
+            "actor_rollout_ref.rollout.gpu_memory_utilization": 0.3,
+            "actor_rollout_ref.rollout.enforce_eager": True,
+            "data.max_prompt_length": 1024,
+            "data.max_response_length": 1024,
+        },
+    }
+    return run
+
+
+def run_local(run_file: Path, work_dir: Path, metrics_file: Path, timeout: float) -> int:
+    argv = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "local",
+        "run",
+        str(run_file),
+        f"--work-dir={work_dir}",
+        f"--metrics-file={metrics_file}",
+    ]
+    print("+", " ".join(argv), flush=True)
+    try:
+        return subprocess.run(argv, cwd=REPO, timeout=timeout, check=False).returncode
+    except subprocess.TimeoutExpired:
+        print(f"gpu_smoke: the run did not finish within {timeout:.0f}s", flush=True)
+        return 124
+
+
+def report(metrics_file: Path) -> int:
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    names = [name.rsplit("/", 1)[-1] for name in SIX + TIMES]
+    print("\nstep  " + "  ".join(names))
+    for row in rows:
+        values = [row.get(name) for name in SIX + TIMES]
+        cells = [
+            "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+            for value in values
+        ]
+        print(
+            f"{row.get('step', '?'):>4}  "
+            + "  ".join(f"{cell:>{len(name)}}" for cell, name in zip(cells, names, strict=True))
+        )
+    return len(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/asyncrl-gpu-smoke"))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--timeout-seconds", type=float, default=480.0)
+    args = parser.parse_args()
+    work = args.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    model_dir = work / "model"
+    if not (model_dir / "config.json").is_file():
+        make_model(model_dir)
+    print(f"model: {model_dir} ({time.monotonic() - started:.1f}s)", flush=True)
+    run_file = work / "gpu-smoke.yaml"
+    run_file.write_text(yaml.safe_dump(manifest(model_dir, args.steps), sort_keys=False))
+    metrics_file = work / "metrics.jsonl"
+    metrics_file.unlink(missing_ok=True)
+    code = run_local(run_file, work / "run", metrics_file, args.timeout_seconds)
+    steps = report(metrics_file) if metrics_file.is_file() else 0
+    print(
+        f"\ngpu_smoke: {steps} of {args.steps} steps in {time.monotonic() - started:.0f}s (exit code {code})"
+    )
+    if code != 0 or steps < args.steps:
+        print(f"gpu_smoke: FAILED; logs in {work / 'run'} (trainer.log, gateway.log, agents/)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
