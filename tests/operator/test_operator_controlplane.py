@@ -147,6 +147,40 @@ def test_bad_manifests_are_rejected_by_the_api_server(
             assert word in result.stderr, (name, result.stderr)
 
 
+def test_a_run_with_a_verl_key_the_run_owns_fails_with_the_reason_and_creates_nothing(
+    api_client: Any, namespace: str, kubectl: list[str], start_operator: OperatorStarter
+) -> None:
+    """The API server admits any verlOverrides; the operator refuses the keys the run itself sets."""
+    start_operator()
+    manifest = run_manifest("owned-key")
+    manifest["spec"]["trainer"]["verlOverrides"] = {"data.train_batch_size": 64}
+    assert _apply(kubectl, namespace, manifest).returncode == 0
+    status = wait_for(
+        lambda: (s := _status(api_client, namespace, "owned-key")).get("phase") == "Failed" and s,
+        timeout=60,
+        what="the run to fail",
+    )
+    assert "spec.trainer.verlOverrides" in status["message"]
+    assert "'data.train_batch_size' is set by spec.trainBatchSize" in status["message"]
+
+    def invalid_spec_events() -> list[dict[str, Any]]:
+        listing = subprocess.run(
+            [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return [item for item in json.loads(listing.stdout)["items"] if item.get("reason") == "InvalidSpec"]
+
+    (event,) = wait_for(invalid_spec_events, timeout=30, what="the InvalidSpec event")
+    assert event["type"] == "Warning"
+    assert "data.train_batch_size" in event["note"]
+    from kubernetes import client
+
+    jobs = client.BatchV1Api(api_client).list_namespaced_job(namespace).items
+    assert jobs == []  # no trainer Job, no agent Job
+
+
 def test_a_template_that_does_not_render_a_job_sets_a_condition_and_fails_its_rollouts(
     api_client: Any,
     pod_runner: PodRunner,

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
-from asyncrl.api import AsyncTrainingRun, AsyncTrainingRunSpec
+from asyncrl.api import AsyncTrainingRunSpec, InvalidRunError, load_run
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
+from asyncrl.api.types.status import Phase
 from asyncrl.operator import children, names
 from asyncrl.operator.controller import RunContext, RunController
 from asyncrl.operator.kube import JSON, JobWatch, Kube
@@ -108,10 +108,30 @@ def _parse(body: kopf.Body) -> tuple[JSON, AsyncTrainingRunSpec]:
         "spec": dict(body["spec"]),
         "status": dict(body.get("status") or {}),
     }
-    parsed = AsyncTrainingRun.model_validate(
-        {key: run[key] for key in ("apiVersion", "kind", "metadata", "spec")}
-    )
+    parsed = load_run({key: run[key] for key in ("apiVersion", "kind", "metadata", "spec")})
     return run, parsed.spec
+
+
+async def _fail_invalid_run(kube: Kube, body: kopf.Body, error: InvalidRunError) -> None:
+    metadata = body["metadata"]
+    message = _reasons(error)
+    logger.error("run %s is invalid: %s", metadata["name"], message)
+    await kube.post_event(_reference(body), reason="InvalidSpec", message=message, warning=True)
+    if (body.get("status") or {}).get("phase") != Phase.FAILED.value:
+        await kube.patch_run_status(
+            metadata["namespace"],
+            metadata["name"],
+            {"phase": Phase.FAILED.value, "message": f"invalid spec: {message}"},
+        )
+
+
+def _reasons(error: InvalidRunError) -> str:
+    return "; ".join(str(field_error) for field_error in error.errors)
+
+
+def _reference(body: kopf.Body) -> JSON:
+    """The run as much as an Event needs (apiVersion, kind, metadata), without parsing its spec."""
+    return {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": dict(body["metadata"])}
 
 
 async def _template_source(kube: Kube, namespace: str, spec: AsyncTrainingRunSpec) -> str:
@@ -146,9 +166,11 @@ async def run_daemon(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **
     runtime = _runtime(memo)
     try:
         run, spec = _parse(body)
-    except ValidationError as error:  # the CRD admits it, so this means an operator/CRD version skew
+    except InvalidRunError as error:
+        # The API server admitted it, so a rule only this operator checks (the keys spec.trainer.verlOverrides
+        # must leave to the run), or an operator/CRD version skew: fail the run and say why, create nothing.
         runtime.metrics.errors.labels("invalid_run").inc()
-        logger.error("run %s is invalid for this operator: %s", body["metadata"]["name"], error)
+        await _fail_invalid_run(runtime.kube, body, error)
         return
     namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
     kube = runtime.kube
@@ -204,7 +226,13 @@ async def run_daemon(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def spec_updated(body: kopf.Body, memo: Any, old: Any, new: Any, **_: Any) -> None:
     runtime = _runtime(memo)
-    run, spec = _parse(body)
+    try:
+        run, spec = _parse(body)
+    except InvalidRunError as error:  # the run goes on with the spec it had
+        message = f"spec change ignored: {_reasons(error)}"
+        logger.error("run %s: %s", body["metadata"]["name"], message)
+        await runtime.kube.post_event(_reference(body), reason="InvalidSpec", message=message, warning=True)
+        return
     namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
     controller = runtime.controllers.get((namespace, name))
     if controller is not None:
