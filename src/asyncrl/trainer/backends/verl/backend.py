@@ -140,10 +140,16 @@ class VerlBackend:
         return update_metrics(rows, verl_metrics, step=step, seconds=seconds)
 
     def _save_blocking(self, path: Path, step: int) -> None:
+        """Saved with vLLM asleep, as verl's own trainer saves (the gateway is still paused then): gathering
+        the actor's full state must not compete with vLLM's weights and KV cache for GPU memory."""
         trainer = self._started()
-        with staged_directory(path) as staging:
-            trainer.actor_rollout_wg.save_checkpoint(str(staging / ACTOR_DIR), None, step)
-            (staging / META_FILE).write_text(json.dumps({"format": FORMAT, "step": step}, indent=2))
+        self._sleep_blocking()
+        try:
+            with staged_directory(path) as staging:
+                trainer.actor_rollout_wg.save_checkpoint(str(staging / ACTOR_DIR), None, step)
+                (staging / META_FILE).write_text(json.dumps({"format": FORMAT, "step": step}, indent=2))
+        finally:
+            self._wake_blocking()
 
     def _load_blocking(self, path: Path) -> int:
         trainer = self._started()
@@ -154,13 +160,12 @@ class VerlBackend:
         if meta.get("format") != FORMAT:
             raise ValueError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
         step = int(meta["step"])
-        manager = trainer.checkpoint_manager
-        manager.abort_replicas()
-        manager.sleep_replicas()
-        trainer.actor_rollout_wg.load_checkpoint(str(path / ACTOR_DIR), del_local_after_load=False)
-        self._version = step
-        manager.update_weights(step)
-        manager.resume_generation_replicas()
+        self._sleep_blocking()
+        try:
+            trainer.actor_rollout_wg.load_checkpoint(str(path / ACTOR_DIR), del_local_after_load=False)
+            self._version = step
+        finally:
+            self._wake_blocking()  # the loaded weights into vLLM (or, on error, the ones it had)
         return step
 
     def _started(self) -> Any:
