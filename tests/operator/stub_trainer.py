@@ -1,10 +1,10 @@
 """A test stand-in for `asyncrl trainer` in the operator's tests (the pod runner maps the trainer image here).
 
-It is not the trainer: it exercises the operator's side of the contract. It serves the fake upstream on
-`--inference-port` (the gateway sidecar's upstream), creates the rollouts of each step in the gateway from
-the run's inline rows, waits for them on the completion feed (they end when the operator's agent Jobs do),
-posts a window summary per step, deletes the consumed rollouts, and exits 0 after `totalSteps` steps (2 when
-unset).
+It is not the trainer: it exercises the operator's side of the contract. It serves the fake upstream on a
+free port and registers it with the gateway sidecar (as the trainer registers its model servers), creates
+the rollouts of each step in the gateway from the run's inline rows, waits for them on the completion feed
+(they end when the operator's agent Jobs do), posts a window summary per step, deletes the consumed
+rollouts, and exits 0 after `totalSteps` steps (2 when unset).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--gateway-url", required=True)
-    parser.add_argument("--inference-port", type=int, required=True)
+    parser.add_argument("--inference-port", type=int, default=0)
     parser.add_argument("--checkpoint-dir", default="")
     args = parser.parse_args()
     run = yaml.safe_load(Path(args.config).read_text())
@@ -38,7 +38,9 @@ async def main() -> None:
 
     runner = web.AppRunner(build_app())
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", args.inference_port).start()
+    site = web.TCPSite(runner, "127.0.0.1", args.inference_port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async with GatewayClient(args.gateway_url, os.environ["ASYNCRL_GATEWAY_KEY"]) as gateway:
         while True:
@@ -47,6 +49,7 @@ async def main() -> None:
                 break
             except Exception:
                 await asyncio.sleep(0.2)
+        await gateway.set_upstreams([f"http://127.0.0.1:{port}"])
         _, cursor = await gateway.list_rollouts()
         for step in range(steps):
             rollouts = [

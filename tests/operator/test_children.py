@@ -28,16 +28,13 @@ def test_the_gateway_is_a_native_sidecar_and_the_trainer_holds_the_gpus() -> Non
         pod["restartPolicy"] == "OnFailure"
     )  # a trainer crash restarts in place; the gateway keeps the window
     port = spec.gateway.port
-    assert f"--upstream=http://127.0.0.1:{children.inference_port(spec)}" in gateway["args"]
+    assert not [arg for arg in gateway["args"] if arg.startswith("--upstream")]  # the trainer registers
     assert f"--gateway-url=http://127.0.0.1:{port}" in trainer["args"]
 
 
-def test_a_verl_gateway_starts_without_an_upstream_the_trainer_registers_the_vllm_replicas() -> None:
+def test_a_verl_trainer_pod_gets_a_memory_backed_dev_shm() -> None:
     run, spec = _run(trainer={"backend": "verl", "gpus": 1})
     pod = children.trainer_job(run, spec)["spec"]["template"]["spec"]
-    (gateway,) = pod["initContainers"]
-    assert not [arg for arg in gateway["args"] if arg.startswith("--upstream")]
-    assert f"--model={spec.model.name}" in gateway["args"]
     (trainer,) = pod["containers"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]  # Ray, NCCL, vLLM
     assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer["volumeMounts"]

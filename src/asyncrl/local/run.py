@@ -144,7 +144,7 @@ async def run_locally(args: argparse.Namespace) -> int:
     (work_dir / "agents").mkdir(parents=True, exist_ok=True)
     (work_dir / "run.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
     key = secrets.token_urlsafe(32)
-    gateway_port, inference_port = free_port(), free_port()
+    gateway_port = free_port()
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     env = {**os.environ, KEY_ENV_VAR: key, "PYTHONUNBUFFERED": "1"}
     cli = [sys.executable, "-m", "asyncrl.cli"]
@@ -168,7 +168,6 @@ async def run_locally(args: argparse.Namespace) -> int:
         "trainer",
         f"--config={work_dir / 'run.yaml'}",
         f"--gateway-url={gateway_url}",
-        f"--inference-port={inference_port}",
         f"--checkpoint-dir={work_dir / 'checkpoints'}",
         f"--wandb-dir={work_dir}",
     ]

@@ -88,11 +88,6 @@ def config_map(run: Mapping[str, Any], template_source: str | None) -> JSON:
     }
 
 
-def inference_port(spec: AsyncTrainingRunSpec) -> int:
-    """The trainer's inference server port: next to the gateway's (pods on one host in local tests)."""
-    return spec.gateway.port + 1 if spec.gateway.port < 65535 else spec.gateway.port - 1
-
-
 def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
     run_name = run["metadata"]["name"]
     port = spec.gateway.port
@@ -106,6 +101,8 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         "image": spec.gateway.image,
         "restartPolicy": "Always",  # a native sidecar: starts first, keeps running, stops after the trainer
         "command": ["asyncrl", "gateway"],
+        # No --upstream: the trainer registers its model servers (PUT /api/upstreams) once they listen, on
+        # ports they pick themselves (verl's vLLM replicas always do).
         "args": [
             "--host=0.0.0.0",
             f"--port={port}",
@@ -117,9 +114,6 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"}, "periodSeconds": 2},
         "volumeMounts": [{"name": "gateway-key", "mountPath": KEY_DIR, "readOnly": True}],
     }
-    if spec.trainer.backend is TrainerBackend.REFERENCE:
-        # Its one server has a fixed port. verl's vLLM replicas pick theirs: the trainer registers them.
-        gateway["args"].insert(2, f"--upstream=http://127.0.0.1:{inference_port(spec)}")
     env: list[JSON] = [
         {
             "name": "ASYNCRL_GATEWAY_KEY",
@@ -139,7 +133,6 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         "args": [
             f"--config={CONFIG_DIR}/{RUN_FILE}",
             f"--gateway-url=http://127.0.0.1:{port}",
-            f"--inference-port={inference_port(spec)}",
             f"--checkpoint-dir={CHECKPOINT_DIR}",
         ],
         "env": env,

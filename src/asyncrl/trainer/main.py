@@ -31,7 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, required=True, help="the AsyncTrainingRun manifest (run.yaml)")
     parser.add_argument("--gateway-url", required=True, help="the gateway (the pod's sidecar)")
     parser.add_argument(
-        "--inference-port", type=int, default=8091, help="port of the collocated model server"
+        "--inference-port",
+        type=int,
+        default=0,
+        help="port of the reference backend's model server (default 0: a free one); the trainer registers "
+        "it with the gateway either way",
     )
     parser.add_argument(
         "--checkpoint-dir", type=Path, default=None, help="checkpoints here; resume from them"
