@@ -187,3 +187,13 @@ def test_training_attention_defaults_to_sdpa_for_an_image_without_flash_attn_and
     )
     assert fast.actor_rollout_ref.model.override_config.attn_implementation == "flash_attention_2"
     assert fast.actor_rollout_ref.model.use_remove_padding is True
+
+
+def test_the_gpu_example_is_a_valid_run_that_verl_accepts() -> None:
+    manifest = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "run-gpu.yaml").read_text())
+    run = load_run(manifest)
+    config = compose_verl_config(verl_settings(run, checkpoint_dir=Path("/var/lib/asyncrl/checkpoints")))
+    assert config.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert config.data.train_batch_size == 8
+    assert config.actor_rollout_ref.rollout.n == 8
+    assert config.actor_rollout_ref.rollout.gpu_memory_utilization == 0.5
