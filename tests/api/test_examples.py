@@ -27,8 +27,8 @@ def test_example_is_valid_and_its_template_renders_a_job(name: str) -> None:
     run = load_run(_manifest(name))
     template = run.spec.agents.template.inline
     assert template is not None
-    assert run.spec.data.inline is not None
-    row = run.spec.data.inline[0]
+    # A run reading its rows from a ConfigMap (run-gpu.yaml) renders with a row of the same shape.
+    row = run.spec.data.inline[0] if run.spec.data.inline else {"question": "What is 2 + 3?"}
     job = render_job(
         template,
         template_variables(
