@@ -58,6 +58,17 @@ def _agent_jobs(api_client: Any, namespace: str) -> list[Any]:
     )
 
 
+def _events(kubectl: list[str], namespace: str) -> list[dict[str, Any]]:
+    listing = subprocess.run(
+        [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    items: list[dict[str, Any]] = json.loads(listing.stdout)["items"]
+    return items
+
+
 def _condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in status.get("conditions") or [] if c["type"] == kind), None)
 
@@ -164,13 +175,7 @@ def test_a_run_with_a_verl_key_the_run_owns_fails_with_the_reason_and_creates_no
     assert "'data.train_batch_size' is set by spec.trainBatchSize" in status["message"]
 
     def invalid_spec_events() -> list[dict[str, Any]]:
-        listing = subprocess.run(
-            [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return [item for item in json.loads(listing.stdout)["items"] if item.get("reason") == "InvalidSpec"]
+        return [item for item in _events(kubectl, namespace) if item.get("reason") == "InvalidSpec"]
 
     (event,) = wait_for(invalid_spec_events, timeout=30, what="the InvalidSpec event")
     assert event["type"] == "Warning"
@@ -285,13 +290,5 @@ def test_deleting_a_run_leaves_no_job_or_pod(
         return not jobs and not pods
 
     wait_for(nothing_left, timeout=90, what="every Job and pod of the run to be gone")
-    events = json.loads(
-        subprocess.run(
-            [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    reasons = {item.get("reason") for item in events["items"]}
+    reasons = {item.get("reason") for item in _events(kubectl, namespace)}
     assert "PhaseRunning" in reasons
