@@ -8,19 +8,17 @@ no pickled code) and `checkpoint.json` (format, step, the model config the weigh
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
 from asyncrl.trainer.backends.reference.config import ModelConfig
-from asyncrl.trainer.backends.staging import staged_directory
+from asyncrl.trainer.backends.staging import read_checkpoint_meta, staged_directory, write_checkpoint_meta
 
 FORMAT = "asyncrl-reference-checkpoint/1"
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
-META_FILE = "checkpoint.json"
 
 
 def save_checkpoint(
@@ -35,8 +33,7 @@ def save_checkpoint(
     with staged_directory(path) as staging:
         torch.save(model.state_dict(), staging / MODEL_FILE)
         torch.save(optimizer.state_dict(), staging / OPTIMIZER_FILE)
-        meta = {"format": FORMAT, "step": step, "model": model_config.model_dump()}
-        (staging / META_FILE).write_text(json.dumps(meta, indent=2))
+        write_checkpoint_meta(staging, format=FORMAT, step=step, model=model_config.model_dump())
 
 
 def load_checkpoint(
@@ -48,12 +45,7 @@ def load_checkpoint(
     model shape or by another format.
     """
     path = Path(path)
-    meta_path = path / META_FILE
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path} ({META_FILE} is missing)")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
+    meta = read_checkpoint_meta(path, format=FORMAT)
     saved_shape = ModelConfig.model_validate(meta["model"]).model_dump(exclude={"seed"})
     shape = model_config.model_dump(exclude={"seed"})  # the seed only chose the initial weights
     if saved_shape != shape:

@@ -19,7 +19,6 @@ Nothing here runs without a GPU: the CPU tests cover the config, the batch and t
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import statistics
 import time
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
-from asyncrl.trainer.backends.staging import staged_directory
+from asyncrl.trainer.backends.staging import read_checkpoint_meta, staged_directory, write_checkpoint_meta
 from asyncrl.trainer.backends.verl.batch import build_trajectory_batch
 from asyncrl.trainer.rows import TrainingRow
 
@@ -38,7 +37,6 @@ logger = logging.getLogger(__name__)
 
 PARTITION = "train"
 FORMAT = "asyncrl-verl-checkpoint/1"
-META_FILE = "checkpoint.json"
 ACTOR_DIR = "actor"
 
 
@@ -147,19 +145,13 @@ class VerlBackend:
         try:
             with staged_directory(path) as staging:
                 trainer.actor_rollout_wg.save_checkpoint(str(staging / ACTOR_DIR), None, step)
-                (staging / META_FILE).write_text(json.dumps({"format": FORMAT, "step": step}, indent=2))
+                write_checkpoint_meta(staging, format=FORMAT, step=step)
         finally:
             self._wake_blocking()
 
     def _load_blocking(self, path: Path) -> int:
         trainer = self._started()
-        meta_path = path / META_FILE
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"no checkpoint at {path} ({META_FILE} is missing)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
-        step = int(meta["step"])
+        step = int(read_checkpoint_meta(path, format=FORMAT)["step"])
         self._sleep_blocking()
         try:
             trainer.actor_rollout_wg.load_checkpoint(str(path / ACTOR_DIR), del_local_after_load=False)
