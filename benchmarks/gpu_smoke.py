@@ -31,17 +31,12 @@ from typing import Any
 
 import yaml
 
+from asyncrl.api.types.status import SEED_METRIC_FIELDS
+
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart-local.yaml"
 
-SIX = (
-    "training/async/n_prev_carry_over_rollouts",
-    "training/async/n_completed_rollouts",
-    "training/async/n_new_carry_over_rollouts",
-    "training/async/new_carry_over_age_max_steps",
-    "training/async/proxy_inflight_at_pause",
-    "training/async/proxy_drain_seconds",
-)
+SIX = tuple(SEED_METRIC_FIELDS)  # the seed's six window metrics, as the run's status carries them
 TIMES = ("timing/step_seconds", "training/update/seconds", "training/reward_mean")
 
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
-from asyncrl.api.types.spec import RolloutCorrectionMode, TrainerBackend
+from asyncrl.api.types.spec import TrainerBackend
 from asyncrl.api.types.verl_overrides import flatten_overrides
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
@@ -98,17 +98,14 @@ def build_reference_backend(run: AsyncTrainingRun, *, inference_port: int) -> Ba
 
     spec = run.spec
     correction = spec.rollout_correction
-    rollout_is: Literal["token", "sequence"] | None = None
-    if correction.mode is RolloutCorrectionMode.TOKEN:
-        rollout_is = "token"
-    elif correction.mode is RolloutCorrectionMode.SEQUENCE:
-        rollout_is = "sequence"
     overrides = flatten_overrides(spec.trainer.verl_overrides or {})
     # verl's key means the same here, so one manifest tunes both backends alike.
     learning_rate = float(overrides.get(LEARNING_RATE_KEY, UpdateConfig().learning_rate))
     config = ReferenceBackendConfig(
         update=UpdateConfig(
-            rollout_is=rollout_is, rollout_is_threshold=correction.threshold, learning_rate=learning_rate
+            rollout_is=correction.rollout_is,
+            rollout_is_threshold=correction.threshold,
+            learning_rate=learning_rate,
         ),
         server=ServerConfig(port=inference_port, served_model_name=spec.model.name),
     )

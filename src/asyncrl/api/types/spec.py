@@ -9,7 +9,7 @@ that `kubectl apply` rejects is rejected by local mode too.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -154,6 +154,15 @@ class RolloutCorrectionSpec(ApiModel):
         gt=1,
         description="Upper bound of the importance-sampling weights (rollout_is_threshold).",
     )
+
+    @property
+    def rollout_is(self) -> Literal["token", "sequence"] | None:
+        """verl's `algorithm.rollout_correction.rollout_is` for this mode; None when off (both backends)."""
+        if self.mode is RolloutCorrectionMode.TOKEN:
+            return "token"
+        if self.mode is RolloutCorrectionMode.SEQUENCE:
+            return "sequence"
+        return None
 
 
 class TrainerBackend(StrEnum):

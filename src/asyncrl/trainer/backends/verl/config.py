@@ -14,10 +14,9 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from asyncrl.api import AsyncTrainingRun
-from asyncrl.api.types.spec import RolloutCorrectionMode
 from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
 
 VERL_CONFIG_NAME = "ppo_trainer"
@@ -63,7 +62,7 @@ class VerlSettings:
     rollout_n: int
     gpus: int
     total_steps: int | None
-    rollout_is: str | None  # "token" | "sequence" | None (off)
+    rollout_is: Literal["token", "sequence"] | None  # None: rollout correction off
     rollout_is_threshold: float
     checkpoint_dir: str
     experiment_name: str
@@ -112,14 +111,13 @@ def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> Verl
     errors = owned_key_errors(spec.trainer.verl_overrides or {})
     if errors:
         raise VerlConfigError("spec.trainer.verlOverrides: " + "; ".join(errors))
-    mode = spec.rollout_correction.mode
     return VerlSettings(
         model_path=spec.model.path,
         train_batch_size=spec.train_batch_size,
         rollout_n=spec.rollout.n,
         gpus=spec.trainer.gpus,
         total_steps=spec.total_steps,
-        rollout_is=None if mode is RolloutCorrectionMode.OFF else mode.value,
+        rollout_is=spec.rollout_correction.rollout_is,
         rollout_is_threshold=spec.rollout_correction.threshold,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else "checkpoints",
         experiment_name=run.name or "asyncrl-run",
