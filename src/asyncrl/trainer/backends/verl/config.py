@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncrl.api import AsyncTrainingRun
-from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
+from asyncrl.api.types.verl_overrides import flatten_overrides
 
 VERL_CONFIG_NAME = "ppo_trainer"
 TRAINER_MODE = "colocate_async"
@@ -108,9 +108,7 @@ def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> Verl
             "spec.trainer.gpus is 0, and the verl backend trains and serves on GPUs: set spec.trainer.gpus "
             "to the GPUs of the trainer pod (1 or more), or use spec.trainer.backend: reference on CPU"
         )
-    errors = owned_key_errors(spec.trainer.verl_overrides or {})
-    if errors:
-        raise VerlConfigError("spec.trainer.verlOverrides: " + "; ".join(errors))
+    # Owned keys in verlOverrides cannot reach here: loading the run refused them (TrainerSpec's validator).
     return VerlSettings(
         model_path=spec.model.path,
         train_batch_size=spec.train_batch_size,
