@@ -263,7 +263,13 @@ def build_api(
         totals = {
             state.value: store.finished_totals.get(state, 0) for state in RolloutState if state.is_terminal
         }
-        return {"rollouts": counts, "finished_totals": totals, "cursor": store.feed_cursor, **pause_json()}
+        return {
+            "instance_id": store.instance_id,
+            "rollouts": counts,
+            "finished_totals": totals,
+            "cursor": store.feed_cursor,
+            **pause_json(),
+        }
 
     # -- feeds --------------------------------------------------------------------------------------------
 

@@ -192,7 +192,8 @@ class GatewayClient:
         return result
 
     async def stats(self) -> dict[str, Any]:
-        """Rollouts by state (`rollouts`), terminal states ever (`finished_totals`), `cursor`, pause state."""
+        """Rollouts by state (`rollouts`), terminal states ever (`finished_totals`), `cursor`, pause state,
+        and `instance_id` (changes when the gateway restarted and lost its state)."""
         result: dict[str, Any] = (await self._request("GET", "/api/stats")).json()
         return result
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -125,6 +126,9 @@ class _Signal:
 class RolloutStore:
     def __init__(self, *, max_events_per_rollout: int = 512, max_feed_entries: int = 100_000) -> None:
         self.max_events_per_rollout = max_events_per_rollout
+        # Identifies this store's lifetime: a client that sees it change knows the gateway restarted and
+        # everything it held (rollouts, feed cursor, upstreams) is gone.
+        self.instance_id = uuid.uuid4().hex
         self._rollouts: dict[str, Rollout] = {}
         self._feed: deque[CompletionEntry] = deque(maxlen=max_feed_entries)
         self._next_seq = 1
