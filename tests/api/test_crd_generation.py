@@ -120,6 +120,10 @@ def test_printer_columns() -> None:
 
 def test_schema_is_structural() -> None:
     for path, node in _nodes(SCHEMA):
+        if node.get("x-kubernetes-int-or-string"):  # the one allowed union: a resource quantity
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+            assert "type" not in node, path
+            continue
         assert node.get("type") in {"object", "array", "string", "integer", "number", "boolean"}, path
         assert not FORBIDDEN_KEYWORDS & node.keys(), path
         assert not ("properties" in node and "additionalProperties" in node), path
@@ -153,9 +157,22 @@ def test_defaults_have_the_type_of_their_field() -> None:
 
 def test_free_form_objects_preserve_unknown_fields() -> None:
     spec = SCHEMA["properties"]["spec"]["properties"]
-    assert spec["trainer"]["properties"]["resources"]["x-kubernetes-preserve-unknown-fields"] is True
     assert spec["trainer"]["properties"]["verlOverrides"]["x-kubernetes-preserve-unknown-fields"] is True
     assert spec["data"]["properties"]["inline"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_resource_quantities_are_int_or_string_in_quantity_syntax() -> None:
+    resources = SCHEMA["properties"]["spec"]["properties"]["trainer"]["properties"]["resources"]
+    for section in ("limits", "requests"):
+        quantity = resources["properties"][section]["additionalProperties"]
+        assert quantity["x-kubernetes-int-or-string"] is True
+        assert quantity["pattern"].startswith("^(\\+|-)?")
+
+
+def test_run_names_that_cannot_name_children_are_refused_at_admission() -> None:
+    (rule,) = SCHEMA["x-kubernetes-validations"]
+    assert "self.metadata.name.size() <= 63" in rule["rule"]
+    assert "metadata.name" in rule["message"]
 
 
 def test_async_rule_is_enforced_at_admission_with_its_advice() -> None:

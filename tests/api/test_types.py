@@ -119,6 +119,7 @@ def test_documented_defaults() -> None:
         "data": {"path": "/data/rows.jsonl", "shuffle": True, "seed": 0},
         "rollout": {"n": 4},
         "rolloutTimeoutSeconds": 1800,
+        "maxFailedSteps": 3,
         "async": {"enabled": False, "stalenessPolicy": "cancel"},
         "rolloutCorrection": {"mode": "token", "threshold": 2.0},
         "trainer": {
@@ -230,6 +231,7 @@ def test_spec_wire_names() -> None:
         "rollout",
         "rolloutTimeoutSeconds",
         "totalSteps",
+        "maxFailedSteps",
         "async",
         "rolloutCorrection",
         "trainer",

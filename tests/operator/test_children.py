@@ -22,7 +22,9 @@ def test_the_gateway_is_a_native_sidecar_and_the_trainer_holds_the_gpus() -> Non
     (trainer,) = pod["containers"]
     assert gateway["restartPolicy"] == "Always"
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 2
+    # Strings: the Kubernetes client (37+) refuses an integer quantity before sending the Job.
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert trainer["resources"]["requests"]["nvidia.com/gpu"] == "2"
     assert "nvidia.com/gpu" not in gateway.get("resources", {}).get("limits", {})
     assert (
         pod["restartPolicy"] == "OnFailure"

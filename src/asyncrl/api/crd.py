@@ -25,6 +25,8 @@ import yaml
 from asyncrl.api.docs import render_reference
 from asyncrl.api.schema import structural_schema
 from asyncrl.api.types import meta
+from asyncrl.api.types.meta import VALIDATIONS_KEY
+from asyncrl.api.types.rules import RUN_NAME_RULE
 from asyncrl.api.types.spec import AsyncTrainingRunSpec
 from asyncrl.api.types.status import AsyncTrainingRunStatus
 
@@ -68,6 +70,7 @@ def openapi_schema() -> dict[str, Any]:
         "description": "An asynchronous RL training run of an LLM agent: one trainer pod with a gateway "
         "sidecar, one agent Job per rollout, progress in the status.",
         "required": ["spec"],
+        VALIDATIONS_KEY: [RUN_NAME_RULE.schema()],
         "properties": {
             "apiVersion": {
                 "type": "string",

@@ -72,6 +72,8 @@ def _row(path: str, node: dict[str, Any], required: bool) -> str:
 def _type(node: dict[str, Any]) -> str:
     if "enum" in node:
         return " \\| ".join(f"`{value}`" for value in node["enum"])
+    if node.get("x-kubernetes-int-or-string"):
+        return "quantity (e.g. `8`, `500m`, `64Gi`)"
     kind = str(node["type"])
     if node.get("x-kubernetes-preserve-unknown-fields"):
         return "object (free-form)"

@@ -37,6 +37,7 @@ _PLAIN_KEYWORDS = frozenset(
     }
 )
 _DROPPED_KEYWORDS = frozenset({"title"})
+_INT_OR_STRING = "x-kubernetes-int-or-string"
 
 
 class SchemaError(ValueError):
@@ -51,6 +52,9 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _convert(node: Mapping[str, Any], definitions: Mapping[str, Any], *, at: str) -> dict[str, Any]:
+    if node.get(_INT_OR_STRING):
+        # The one union Kubernetes allows: no type, `anyOf` of integer and string (a resource quantity).
+        return {key: value for key, value in node.items() if key not in _DROPPED_KEYWORDS}
     node = _resolve(node, definitions, at=at)
     converted: dict[str, Any] = {}
     for key, value in node.items():

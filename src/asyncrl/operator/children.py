@@ -10,7 +10,6 @@ Every child carries the common labels and an ownerReference to the run, so delet
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -88,14 +87,47 @@ def config_map(run: Mapping[str, Any], template_source: str | None) -> JSON:
     }
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def trainer_resources(spec: AsyncTrainingRunSpec) -> JSON:
+    """The trainer container's resources; every quantity a string, as the API and its client require.
+
+    `trainer.gpus` sets the GPU limit and request (a pod must request extended resources it limits).
+    """
+    given = spec.trainer.resources
+    resources: dict[str, dict[str, str]] = {}
+    if given is not None:
+        for section, quantities in (("limits", given.limits), ("requests", given.requests)):
+            if quantities:
+                resources[section] = {name: str(value) for name, value in quantities.items()}
+    if spec.trainer.gpus:
+        for section in ("limits", "requests"):
+            resources.setdefault(section, {})[GPU_RESOURCE] = str(spec.trainer.gpus)
+    return dict(resources)
+
+
+# The API server refuses a ConfigMap whose data exceeds 1 MiB; keep room for its metadata.
+MAX_CONFIG_MAP_DATA_BYTES = 1024 * 1024 - 16 * 1024
+
+
+def config_map_size_error(config_map: Mapping[str, Any]) -> str | None:
+    """Why the run's ConfigMap cannot be stored (large inline rows or template), or None."""
+    size = sum(len(key.encode()) + len(value.encode()) for key, value in config_map["data"].items())
+    if size <= MAX_CONFIG_MAP_DATA_BYTES:
+        return None
+    return (
+        f"the run's spec and agent template take {size} bytes, more than a ConfigMap holds "
+        f"({MAX_CONFIG_MAP_DATA_BYTES} bytes): move the rows of spec.data.inline into a file "
+        "(spec.data.configMapRef or spec.data.path) and a long template into agents.template.configMapRef"
+    )
+
+
 def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
     run_name = run["metadata"]["name"]
     port = spec.gateway.port
     secret_name, secret_key = gateway_key_ref(run, spec)
-    resources: JSON = json.loads(json.dumps(spec.trainer.resources or {}))
-    if spec.trainer.gpus:
-        for section in ("limits", "requests"):
-            resources.setdefault(section, {})["nvidia.com/gpu"] = spec.trainer.gpus
+    resources = trainer_resources(spec)
     gateway: JSON = {
         "name": "gateway",
         "image": spec.gateway.image,

@@ -7,6 +7,8 @@ reject the same manifests for the same stated reason.
 
 from __future__ import annotations
 
+import re
+
 from asyncrl.api.types.meta import CelRule
 
 # Upper bounds that keep the numbers in the async rule's message exact (see _cel_decimal).
@@ -100,3 +102,26 @@ def _immutable_rule(path: str) -> CelRule:
 def immutable_rules() -> tuple[CelRule, ...]:
     """The transition rules (`self == oldSelf`) of IMMUTABLE_FIELDS, for the spec object."""
     return tuple(_immutable_rule(path) for path in IMMUTABLE_FIELDS)
+
+
+# A run's name becomes label values (63 characters at most) and the prefix of its Service's name (a DNS-1035
+# label: lowercase letters, digits and '-', starting with a letter). Refused at admission, not after.
+MAX_RUN_NAME_LENGTH = 63
+RUN_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+RUN_NAME_RULE = CelRule(
+    rule=(
+        f"!has(self.metadata.name) || (self.metadata.name.size() <= {MAX_RUN_NAME_LENGTH} && "
+        f"self.metadata.name.matches('{RUN_NAME_PATTERN}'))"
+    ),
+    message=(
+        f"metadata.name must be at most {MAX_RUN_NAME_LENGTH} characters of lowercase letters, digits and "
+        "'-', starting with a letter and ending with a letter or digit (it names the run's Service and "
+        "labels), e.g. my-run-1"
+    ),
+)
+
+
+def check_run_name(name: str) -> None:
+    """The pydantic side of RUN_NAME_RULE."""
+    if len(name) > MAX_RUN_NAME_LENGTH or not re.match(RUN_NAME_PATTERN, name):
+        raise ValueError(f"{RUN_NAME_RULE.message} (given: {name!r})")

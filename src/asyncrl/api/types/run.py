@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 from asyncrl.api.types.meta import API_VERSION, KIND, ApiModel, FieldRuleError
-from asyncrl.api.types.rules import IMMUTABLE_FIELDS, immutable_message
+from asyncrl.api.types.rules import IMMUTABLE_FIELDS, check_run_name, immutable_message
 from asyncrl.api.types.spec import AsyncTrainingRunSpec
 from asyncrl.api.types.status import AsyncTrainingRunStatus
 
@@ -35,6 +35,19 @@ class AsyncTrainingRun(ApiModel):
     def _known_api_version(cls, value: str) -> str:
         if value != API_VERSION:
             raise ValueError(f"expected {API_VERSION}, got {value!r}")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _name_fits_child_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        name = value.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise FieldRuleError("must be a string", field_path=("name",))
+            try:
+                check_run_name(name)
+            except ValueError as error:
+                raise FieldRuleError(str(error), field_path=("name",)) from None
         return value
 
     @field_validator("kind")

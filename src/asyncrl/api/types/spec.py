@@ -9,9 +9,17 @@ that `kubectl apply` rejects is rejected by local mode too.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from asyncrl.api.types.meta import ApiModel, FieldRuleError, cel_rules, section
 from asyncrl.api.types.rules import (
@@ -45,6 +53,48 @@ class GatewayKeySecretRef(SecretKeyRef):
     """The Secret key holding the gateway key from which agents' tokens are derived."""
 
     key: str = Field(default="key", min_length=1, description="Key in the Secret's data.")
+
+
+# Kubernetes' own quantity syntax (resource.Quantity): what `kubectl` accepts in limits and requests.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+
+def _quantity_text(value: object) -> object:
+    """A YAML number (`nvidia.com/gpu: 1`) as the string the Kubernetes API and its client take."""
+    if isinstance(value, bool):
+        return value  # refused by the str type below, not read as 1
+    if isinstance(value, int | float):
+        return format(value, "g") if isinstance(value, float) else str(value)
+    return value
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity_text),
+    Field(pattern=QUANTITY_PATTERN),
+    # The API server's own form of a quantity: an integer or a string in quantity syntax.
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources of a container, as in a pod spec; quantities like `8`, `500m`, `64Gi`."""
+
+    limits: dict[str, Quantity] | None = Field(
+        default=None, description="Most of each resource the container may use (e.g. memory: 64Gi)."
+    )
+    requests: dict[str, Quantity] | None = Field(
+        default=None, description="Resources the scheduler reserves for the container (e.g. cpu: 8)."
+    )
 
 
 class ModelSpec(ApiModel):
@@ -200,9 +250,12 @@ class TrainerSpec(ApiModel):
     image: str = Field(
         default="ghcr.io/asyncrl/trainer:0.1.0", min_length=1, description="Container image of the trainer."
     )
-    resources: dict[str, Any] | None = Field(
+    resources: ResourceRequirements | None = Field(
         default=None,
-        description="Kubernetes ResourceRequirements of the trainer container (limits, requests).",
+        description=(
+            "Resources of the trainer container (limits, requests), quantities as in a pod spec; the GPUs "
+            "come from `gpus`."
+        ),
     )
     gpus: int = Field(
         default=1,
@@ -336,6 +389,14 @@ class AsyncTrainingRunSpec(ApiModel):
     )
     total_steps: int | None = Field(
         default=None, ge=1, description="Stop after this many updates; unset, after one pass over the data."
+    )
+    max_failed_steps: int = Field(
+        default=3,
+        ge=1,
+        description=(
+            "Consecutive updates whose groups hold no succeeded rollout after which the run fails "
+            "(an agent that always crashes, a template that never renders)."
+        ),
     )
     async_: AsyncSpec = Field(
         default_factory=AsyncSpec,
