@@ -5,6 +5,9 @@ free port and registers it with the gateway sidecar (as the trainer registers it
 the rollouts of each step in the gateway from the run's inline rows, waits for them on the completion feed
 (they end when the operator's agent Jobs do), posts a window summary per step, deletes the consumed
 rollouts, and exits 0 after `totalSteps` steps (2 when unset).
+
+With `model.path: "stub-fail:<outcome>:<file>"` it instead appends a line to <file> (so a test counts its
+executions), leaves a TrainerReport of that outcome with the gateway, and exits with the trainer's code.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ import yaml
 from aiohttp import web
 
 from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import RolloutCreate, WindowSummary
+from asyncrl.gateway.models import RolloutCreate, TrainerOutcome, TrainerReport, WindowSummary
 from asyncrl.testing.fake_upstream import build_app
+from asyncrl.trainer.failures import EXIT_CODES
+
+FAIL_PREFIX = "stub-fail:"
 
 
-async def main() -> None:
+async def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--gateway-url", required=True)
@@ -50,6 +56,15 @@ async def main() -> None:
             except Exception:
                 await asyncio.sleep(0.2)
         await gateway.set_upstreams([f"http://127.0.0.1:{port}"])
+        model_path = str(spec["model"]["path"])
+        if model_path.startswith(FAIL_PREFIX):
+            outcome_name, _, count_file = model_path.removeprefix(FAIL_PREFIX).partition(":")
+            with Path(count_file).open("a") as count:
+                count.write("started\n")
+            outcome = TrainerOutcome(outcome_name)
+            await gateway.report_trainer(TrainerReport(outcome=outcome, message=f"stub {outcome.value}"))
+            await runner.cleanup()
+            return EXIT_CODES[outcome]
         _, cursor = await gateway.list_rollouts()
         for step in range(steps):
             rollouts = [
@@ -87,7 +102,8 @@ async def main() -> None:
             with contextlib.suppress(GatewayError):
                 await gateway.delete_rollouts(finished)
     await runner.cleanup()
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    raise SystemExit(asyncio.run(main()))

@@ -32,6 +32,7 @@ from asyncrl.gateway.models import (
     ResumeRequest,
     RolloutCreate,
     RolloutView,
+    TrainerReport,
     Transition,
     UpstreamsUpdate,
     UpstreamsView,
@@ -268,8 +269,17 @@ def build_api(
             "rollouts": counts,
             "finished_totals": totals,
             "cursor": store.feed_cursor,
+            "trainer_report": (
+                None if store.trainer_report is None else store.trainer_report.model_dump(mode="json")
+            ),
             **pause_json(),
         }
+
+    @app.put("/api/trainer/report", dependencies=[Management])
+    async def put_trainer_report(report: TrainerReport) -> TrainerReport:
+        """The trainer's last word before it exits with an error (kept for the operator's status)."""
+        store.set_trainer_report(report)
+        return report
 
     # -- feeds --------------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from asyncrl.gateway.models import (
     CompletionPage,
     RolloutCreate,
     RolloutView,
+    TrainerReport,
     Transition,
     WindowSummary,
 )
@@ -196,6 +197,10 @@ class GatewayClient:
         and `instance_id` (changes when the gateway restarted and lost its state)."""
         result: dict[str, Any] = (await self._request("GET", "/api/stats")).json()
         return result
+
+    async def report_trainer(self, report: TrainerReport) -> None:
+        """Leave the trainer's failure report with the gateway (it outlives the trainer container)."""
+        await self._request("PUT", "/api/trainer/report", json=report.model_dump(mode="json"))
 
     # -- window summary -----------------------------------------------------------------------------------
 

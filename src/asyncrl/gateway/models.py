@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -138,3 +139,24 @@ class WindowSummary(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     carry_over_age_histogram: dict[str, int] = Field(default_factory=dict)
     active_groups: int = Field(default=0, ge=0)
+
+
+class TrainerOutcome(StrEnum):
+    """How the trainer process ended, as it reported to the gateway before exiting."""
+
+    FAILED = "failed"  # an error a restart may cure (the container is restarted)
+    CONFIG_ERROR = "config_error"  # the run's settings are wrong; a restart cannot help
+    RUN_FAILED = (
+        "run_failed"  # the run cannot make progress (e.g. maxFailedSteps steps with nothing to train)
+    )
+
+    @property
+    def is_permanent(self) -> bool:
+        return self is not TrainerOutcome.FAILED
+
+
+class TrainerReport(BaseModel):
+    """The trainer's last word before it exits with an error; the operator puts it in the run's status."""
+
+    outcome: TrainerOutcome
+    message: str = Field(max_length=4096)

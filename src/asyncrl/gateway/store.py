@@ -23,6 +23,7 @@ from asyncrl.gateway.models import (
     Mode,
     RolloutCreate,
     RolloutView,
+    TrainerReport,
     WindowSummary,
 )
 from asyncrl.rollouts import RolloutState, can_transition
@@ -137,6 +138,7 @@ class RolloutStore:
         self._feed_signal = _Signal()
         self._summary_signal = _Signal()
         self._summary: WindowSummary | None = None
+        self.trainer_report: TrainerReport | None = None
 
     # -- rollouts -----------------------------------------------------------------------------------------
 
@@ -350,12 +352,23 @@ class RolloutStore:
         self._summary = summary
         self._summary_signal.fire()
 
+    def set_trainer_report(self, report: TrainerReport) -> None:
+        """The trainer's failure report; wakes the summary long-poll so the operator sees it at once."""
+        self.trainer_report = report
+        self._summary_signal.fire()
+
     async def summary_after(self, *, after_step: int | None, wait_seconds: float) -> WindowSummary | None:
-        """The latest summary; with `after_step`, wait up to `wait_seconds` for one of a later step."""
+        """The latest summary; with `after_step`, wait up to `wait_seconds` for one of a later step.
+
+        A trainer report also ends the wait (the caller reads it from the stats).
+        """
         deadline = time.monotonic() + wait_seconds
+        report = self.trainer_report
         while True:
             summary = self._summary
             if after_step is None or (summary is not None and summary.step > after_step):
+                return summary
+            if self.trainer_report is not report:
                 return summary
             remaining = deadline - time.monotonic()
             if remaining <= 0:

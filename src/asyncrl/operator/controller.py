@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 
 from asyncrl.agent import AgentEnvironment
-from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus
+from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, Phase
 from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import RolloutView
+from asyncrl.gateway.models import RolloutView, TrainerOutcome, TrainerReport
 from asyncrl.operator import names
 from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
 from asyncrl.operator.children import owner_reference
@@ -94,6 +94,8 @@ class RunController:
         self._capacity = asyncio.Event()
         self._summary: dict[str, Any] | None = None
         self._rollout_counts: dict[str, int] | None = None
+        self._trainer_report: TrainerReport | None = None
+        self._stopped_for_failure = False
         self._status = AsyncTrainingRunStatus.model_validate(context.run.get("status") or {})
         self._written: dict[str, Any] | None = None
         self.jobs.created = (self._status.jobs.created if self._status.jobs else 0) or 0
@@ -175,6 +177,10 @@ class RunController:
 
     async def _wait_for_capacity(self) -> None:
         while True:
+            if self._stopped_for_failure:  # a failed run launches nothing more
+                self._capacity.clear()
+                await self._capacity.wait()
+                continue
             max_active = self.context.spec.agents.max_active_jobs
             if max_active is not None and len(self.jobs.active) >= max_active:
                 self.metrics.rate_limit_waits.labels("max_active_jobs").inc()
@@ -365,7 +371,11 @@ class RunController:
             if summary is not None and summary.step != last_step:
                 last_step = summary.step
                 self._summary = summary.model_dump(mode="json")
-                await self._refresh_rollout_counts()  # now, while the gateway is surely up
+                self._dirty.set()
+            # Now, while the gateway is surely up: counts, and a trainer report (which also ends the wait).
+            report = self._trainer_report
+            await self._refresh_rollout_counts()
+            if self._trainer_report != report:
                 self._dirty.set()
 
     async def _refresh_rollout_counts(self) -> None:
@@ -376,6 +386,8 @@ class RunController:
                 **stats["finished_totals"],
                 **{state: stats["rollouts"][state] for state in ("queued", "running")},
             }
+            report = stats.get("trainer_report")
+            self._trainer_report = None if report is None else TrainerReport.model_validate(report)
 
     async def _status_loop(self) -> None:
         last_write = 0.0
@@ -400,6 +412,8 @@ class RunController:
             jobs_created=self.jobs.created,
             jobs_failed=len(self.jobs.failed),
             template_error=self.template_error,
+            fatal_error=self._fatal_error(),
+            trainer_error=self._trainer_error(),
         )
         status = next_status(self._status, observation, now=datetime.now(UTC))
         payload = status.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -413,6 +427,36 @@ class RunController:
         self.metrics.status_writes.inc()
         self._status = status
         self._written = payload
+        if status.phase is Phase.FAILED and not self._stopped_for_failure:
+            await self._stop_failed_run()
+
+    def _fatal_error(self) -> str | None:
+        report = self._trainer_report
+        if report is None or not report.outcome.is_permanent:
+            return None
+        what = "configuration error" if report.outcome is TrainerOutcome.CONFIG_ERROR else "run failed"
+        return f"the trainer stopped ({what}): {report.message}"
+
+    def _trainer_error(self) -> str | None:
+        report = self._trainer_report
+        return None if report is None or report.outcome.is_permanent else report.message
+
+    async def _stop_failed_run(self) -> None:
+        """A failed run stops: no restarts of a trainer that cannot succeed, no agents left running.
+
+        The trainer Job is suspended (its pod ends, the Job and its events stay for inspection) and the
+        active agent Jobs are deleted; the claim loop launches nothing more.
+        """
+        self._stopped_for_failure = True
+        self._capacity.clear()
+        namespace = self.context.namespace
+        trainer = names.trainer_job_name(self.context.name)
+        with contextlib.suppress(Exception):  # best effort: the run is already marked Failed
+            await self.kube.patch_job_suspend(namespace, trainer, True)
+        for job_name in sorted(self.jobs.active):
+            with contextlib.suppress(Exception):
+                await self.kube.delete_job(namespace, job_name)
+        logger.info("run %s failed: trainer Job suspended, agent Jobs deleted", self.context.name)
 
 
 def _api_reason(error: Exception) -> str:

@@ -18,6 +18,7 @@ from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.api.types.status import Phase
 from asyncrl.operator import children, names
 from asyncrl.operator.controller import RunContext, RunController
+from asyncrl.operator.errors import one_line
 from asyncrl.operator.kube import JSON, JobWatch, Kube
 from asyncrl.operator.metrics import OperatorMetrics
 
@@ -112,6 +113,33 @@ def _parse(body: kopf.Body) -> tuple[JSON, AsyncTrainingRunSpec]:
     return run, parsed.spec
 
 
+RECONCILE_RETRY_SECONDS = 10
+
+
+async def _fail_run(kube: Kube, run: JSON, *, reason: str, message: str) -> None:
+    """A run that can never start: phase Failed with the reason, one Warning event, no children."""
+    logger.error("run %s failed: %s", run["metadata"]["name"], message)
+    await kube.post_event(run, reason=reason, message=message, warning=True)
+    await kube.patch_run_status(
+        run["metadata"]["namespace"],
+        run["metadata"]["name"],
+        {"phase": Phase.FAILED.value, "message": message},
+    )
+
+
+async def _set_waiting_status(kube: Kube, run: JSON, message: str) -> None:
+    """Say in the status what the run waits for (a missing Secret or ConfigMap the user can still create)."""
+    status = run.get("status") or {}
+    if status.get("message") == message and status.get("phase") == Phase.PENDING.value:
+        return
+    with contextlib.suppress(Exception):  # best effort: the event already says it
+        await kube.patch_run_status(
+            run["metadata"]["namespace"],
+            run["metadata"]["name"],
+            {"phase": Phase.PENDING.value, "message": message},
+        )
+
+
 async def _fail_invalid_run(kube: Kube, body: kopf.Body, error: InvalidRunError) -> None:
     metadata = body["metadata"]
     message = _reasons(error)
@@ -174,15 +202,24 @@ async def run_daemon(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **
         return
     namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
     kube = runtime.kube
+    if (run.get("status") or {}).get("phase") == Phase.FAILED.value:
+        return  # a failed run stays failed; its children are kept for inspection until it is deleted
     try:
         template = await _template_source(kube, namespace, spec)
+        config_map = children.config_map(run, template if spec.agents.template.inline is not None else None)
+        size_error = children.config_map_size_error(config_map)
+        if size_error is not None:
+            await _fail_run(kube, run, reason="InvalidSpec", message=size_error)
+            return
         await _reconcile_children(kube, run, spec, template)
         secret_name, secret_key = children.gateway_key_ref(run, spec)
         gateway_key = await kube.read_secret_key(namespace, secret_name, secret_key)
     except Exception as error:
         runtime.metrics.reconciles.labels("error").inc()
-        await kube.post_event(run, reason="ReconcileError", message=str(error), warning=True)
-        raise kopf.TemporaryError(f"reconciling children failed: {error}", delay=10) from error
+        message = f"{one_line(error)}; retrying every {RECONCILE_RETRY_SECONDS}s"
+        await kube.post_event(run, reason="ReconcileError", message=message, warning=True)
+        await _set_waiting_status(kube, run, message)
+        raise kopf.TemporaryError(message, delay=RECONCILE_RETRY_SECONDS) from error
     runtime.metrics.reconciles.labels("ok").inc()
     if runtime.config.gateway_address == "localhost":
         gateway_url = f"http://127.0.0.1:{spec.gateway.port}"

@@ -1,13 +1,16 @@
 """The next status of a run from what the operator observed (pure, so the rules are tested directly).
 
 Phase rules, first match wins:
+- a fatal error (the trainer reported a configuration error or a run that cannot progress, the template or
+  the spec cannot work) → Failed with that reason;
 - `spec.suspend` → Suspended;
 - no trainer Job seen yet → Pending;
 - the trainer Job is Complete → Succeeded, Failed → Failed (with the Job's reason);
 - the gateway answers → Running;
 - otherwise → Starting (trainer pod scheduling, images pulling, model loading).
-Conditions: `GatewayReachable`, `AgentTemplateValid` and `Ready` (= Running). An unchanged observation gives
-an equal status, so the caller writes nothing.
+Conditions: `GatewayReachable`, `AgentTemplateValid`, `Ready` (= Running), and `Complete` / `Failed` (so that
+`kubectl wait --for=condition=Complete` works). The trainer's last reported error is kept in the message. An
+unchanged observation gives an equal status, so the caller writes nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class RunObservation:
     jobs_created: int
     jobs_failed: int
     template_error: str | None
+    fatal_error: str | None = None  # the run cannot succeed: phase Failed with this message
+    trainer_error: str | None = None  # the trainer's last reported (restartable) error
 
 
 def _trainer_outcome(job: Mapping[str, Any]) -> tuple[Phase, str] | None:
@@ -52,15 +57,21 @@ def _trainer_outcome(job: Mapping[str, Any]) -> tuple[Phase, str] | None:
 
 
 def phase_of(observation: RunObservation) -> tuple[Phase, str]:
+    if observation.fatal_error is not None:
+        return Phase.FAILED, observation.fatal_error
     if observation.suspended:
         return Phase.SUSPENDED, "suspended: no new agent Jobs; the trainer Job is suspended"
     if observation.trainer_job is None:
         return Phase.PENDING, "creating the trainer Job"
     outcome = _trainer_outcome(observation.trainer_job)
+    last_error = f"the trainer's last error: {observation.trainer_error}" if observation.trainer_error else ""
     if outcome is not None:
-        return outcome
+        phase, message = outcome
+        if phase is Phase.FAILED and last_error:
+            message = f"{message}; {last_error}"
+        return phase, message
     if observation.gateway_reachable:
-        return Phase.RUNNING, "training"
+        return Phase.RUNNING, f"training ({last_error}; it was restarted)" if last_error else "training"
     return Phase.STARTING, "waiting for the trainer pod and its gateway"
 
 
@@ -111,6 +122,13 @@ def next_status(
     conditions = with_condition(
         conditions, _condition("Ready", phase is Phase.RUNNING, str(phase), message, now, generation)
     )
+    for kind, reached in (("Complete", Phase.SUCCEEDED), ("Failed", Phase.FAILED)):
+        conditions = with_condition(
+            conditions,
+            _condition(
+                kind, phase is reached, str(phase), message if phase is reached else "", now, generation
+            ),
+        )
     update: dict[str, Any] = {
         "phase": phase,
         "message": message,

@@ -28,6 +28,7 @@ from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
 from asyncrl.trainer.checkpoints import LoopState, latest_checkpoint, save_checkpoint
 from asyncrl.trainer.data import PromptSource
+from asyncrl.trainer.failures import RunFailed
 from asyncrl.trainer.metrics import MetricsSinks, spread
 from asyncrl.trainer.rows import TrainingRow
 from asyncrl.trainer.window import Group, RolloutWindow, WindowConfig
@@ -48,6 +49,7 @@ class LoopSettings:
     retry_after_seconds: int = 5
     drain_timeout_seconds: float = 300.0
     gateway_wait_seconds: float = 300.0
+    max_failed_steps: int | None = 3  # consecutive steps with nothing to train before the run fails
 
 
 class StepLoop:
@@ -70,6 +72,7 @@ class StepLoop:
         self._cursor = 0
         self._timings: dict[str, CompletionEntry] = {}
         self._first_epoch_only = settings.total_steps is None
+        self._failed_steps = 0  # consecutive steps whose consumed groups held nothing to train on
 
     # -- start and recovery -------------------------------------------------------------------------------
 
@@ -192,6 +195,7 @@ class StepLoop:
             )
         )
         self.sinks.log(step, metrics)
+        self._count_failed_step(step, batch.consumed, n_rows=len(rows))
         logger.info(
             "step %d: reward %.3f, completed %d, carried %d (max age %d), drain %.3fs, step %.1fs",
             step,
@@ -203,6 +207,30 @@ class StepLoop:
             metrics["timing/step_seconds"],
         )
         return True
+
+    def _count_failed_step(self, step: int, consumed: Sequence[Group], *, n_rows: int) -> None:
+        """A step fails when no consumed rollout succeeded or nothing was trainable; too many in a row end
+        the run (a template that never renders, an agent that always crashes) instead of a Succeeded run
+        that learned nothing."""
+        succeeded = sum(
+            state is RolloutState.SUCCEEDED for group in consumed for state in group.terminal_states.values()
+        )
+        if succeeded and n_rows:
+            self._failed_steps = 0
+            return
+        self._failed_steps += 1
+        limit = self.settings.max_failed_steps
+        logger.warning(
+            "step %d: no rollout succeeded or nothing to train on (%d in a row%s)",
+            step,
+            self._failed_steps,
+            "" if limit is None else f", the run fails at {limit}",
+        )
+        if limit is not None and self._failed_steps >= limit:
+            raise RunFailed(
+                f"{self._failed_steps} consecutive steps (up to step {step}) had no succeeded rollout to "
+                "train on (spec.maxFailedSteps); check the agent Jobs' logs and the rollouts' messages"
+            )
 
     async def _finish(self) -> None:
         leftover = list(self.window.active_groups)

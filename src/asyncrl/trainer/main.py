@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import yaml
 
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
@@ -16,9 +18,11 @@ from asyncrl.api.types.spec import TrainerBackend
 from asyncrl.api.types.verl_overrides import flatten_overrides
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
+from asyncrl.gateway.models import TrainerOutcome, TrainerReport
 from asyncrl.trainer.adapter import AdapterConfig, RowLevel
 from asyncrl.trainer.backends import TrainerBackend as Backend
 from asyncrl.trainer.data import PromptSource, load_rows_file
+from asyncrl.trainer.failures import EXIT_CODES, RunFailed
 from asyncrl.trainer.loop import LoopSettings, StepLoop
 from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks, PrometheusSink, WandbSink
 
@@ -162,6 +166,7 @@ async def train(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every_steps=spec.trainer.checkpoint.every_steps,
         retry_after_seconds=spec.gateway.retry_after_seconds,
+        max_failed_steps=spec.max_failed_steps,
     )
     prompts = PromptSource(rows_of(run, args.data_file), shuffle=spec.data.shuffle, seed=spec.data.seed)
     backend = build_backend(run, inference_port=args.inference_port, checkpoint_dir=args.checkpoint_dir)
@@ -183,4 +188,35 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return asyncio.run(train(args))
+    try:
+        return asyncio.run(train(args))
+    except SystemExit as error:
+        if not isinstance(error.code, str):
+            raise
+        # Every SystemExit with a message above states a configuration problem for the user.
+        print(error.code, file=sys.stderr)
+        return _exit_with(args, TrainerOutcome.CONFIG_ERROR, error.code)
+    except RunFailed as error:
+        logger.error("the run failed: %s", error)
+        return _exit_with(args, TrainerOutcome.RUN_FAILED, str(error))
+    except Exception as error:
+        logger.exception("the trainer failed")
+        return _exit_with(args, TrainerOutcome.FAILED, f"{type(error).__name__}: {error}")
+
+
+def _exit_with(args: argparse.Namespace, outcome: TrainerOutcome, message: str) -> int:
+    """Leave the report with the gateway (best effort: it may be what failed), then the exit code."""
+    one_line = " ".join(message.split())[:4000]
+    key = os.environ.get(KEY_ENV_VAR, "").strip()
+    if key:
+        report = TrainerReport(outcome=outcome, message=one_line)
+        try:
+            httpx.put(
+                f"{args.gateway_url.rstrip('/')}/api/trainer/report",
+                json=report.model_dump(mode="json"),
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=5.0,
+            ).raise_for_status()
+        except httpx.HTTPError as error:
+            logger.warning("could not report the failure to the gateway: %s", error)
+    return EXIT_CODES[outcome]
