@@ -157,6 +157,11 @@ def default_path() -> Path:
     return _repository() / "crds" / CRD_FILE_NAME
 
 
+def chart_crd_path() -> Path:
+    """The Helm chart's copy of the CRD (Helm installs charts/<chart>/crds/ before the templates)."""
+    return _repository() / "charts" / "asyncrl-operator" / "crds" / CRD_FILE_NAME
+
+
 def default_docs_path() -> Path:
     return _repository() / "docs" / "crd-reference.md"
 
@@ -183,7 +188,9 @@ def check(path: Path, generated: str | None = None) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", action="store_true", help="write the CRD file and the field reference")
+    action.add_argument(
+        "--write", action="store_true", help="write the CRD file, the chart's copy and the field reference"
+    )
     action.add_argument("--check", action="store_true", help="exit 1 when either file is not up to date")
     parser.add_argument("--path", type=Path, default=None, help=f"CRD file (default: crds/{CRD_FILE_NAME})")
     parser.add_argument(
@@ -200,7 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    outputs = {args.path or default_path(): render(), args.docs_path or default_docs_path(): render_docs()}
+    crd_text = render()
+    outputs = {args.path or default_path(): crd_text, args.docs_path or default_docs_path(): render_docs()}
+    if args.path is None:  # the chart's copy follows the repository's
+        outputs[chart_crd_path()] = crd_text
     if args.write:
         for path, text in outputs.items():
             path.parent.mkdir(parents=True, exist_ok=True)
