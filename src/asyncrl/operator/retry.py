@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
+import pydantic
 
 from asyncrl.gateway.client import GatewayError
 
@@ -121,6 +122,12 @@ def one_line_reason(error: BaseException) -> str:
         text = _api_exception_reason(error)
     elif isinstance(error, GatewayError):
         text = f"gateway answered {error.status}: {error.error}"
+    elif isinstance(error, pydantic.ValidationError):  # the Kubernetes client refused the body before sending
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
+            for problem in error.errors()
+        )
+        text = f"invalid {error.title} request: {problems}"
     else:
         text = str(error).strip() or type(error).__name__
         first = text.splitlines()[0]
