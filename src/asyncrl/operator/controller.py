@@ -577,6 +577,9 @@ class RunController:
         restarted = asyncio.ensure_future(self._gateway_restarted.wait())
         try:
             await asyncio.wait({work, restarted}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: the call must not outlive us (nor the gateway client)
+            work.cancel()
+            raise
         finally:
             restarted.cancel()
         if self._gateway_restarted.is_set():
