@@ -27,7 +27,8 @@ def test_one_launch_wins_and_a_launched_rollout_is_never_claimed_again(gateway: 
         assert receipt["instance_id"] == client.get("/api/stats").json()["instance_id"]
         # The same launch id again (a retry whose answer was lost) is a no-op; any other id is refused.
         again = client.post("/api/rollouts/r1/launch", json={"launch_id": "op1-x"})
-        assert again.status_code == 200 and again.json()["totals"]["launched"] == 1
+        assert again.status_code == 200
+        assert again.json()["totals"]["launched"] == 1
         other = client.post("/api/rollouts/r1/launch", json={"launch_id": "op2-y"})
         assert other.status_code == 409
         assert "already launched" in other.json()["error"]
