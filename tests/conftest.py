@@ -62,7 +62,9 @@ def pod_runner(
 ) -> Iterator[PodRunner]:
     # The venv's bin first, so containers find `python` and `asyncrl` as they would in the images.
     path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    base_env = {"PATH": path, "LANG": "C.UTF-8", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # The checkout's own code first (src/), also when the venv holds an install of another checkout.
+    root = Path(__file__).resolve().parents[1]
+    base_env = {"PATH": path, "LANG": "C.UTF-8", "PYTHONPATH": f"{root / 'src'}:{root}"}
     runner = PodRunner(
         api_client=api_client, images=image_table, work_dir=tmp_path_factory.mktemp("pods"), base_env=base_env
     )

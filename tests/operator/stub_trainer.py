@@ -82,6 +82,7 @@ async def main() -> int:
                     if entry.rollout_id in pending:
                         pending.discard(entry.rollout_id)
                         finished[entry.rollout_id] = entry.state.value
+                        print(f"rollout {entry.rollout_id} {entry.state.value}: {entry.message}", flush=True)
             succeeded = sum(state == "succeeded" for state in finished.values())
             print(f"step {step}: {succeeded}/{len(finished)} rollouts succeeded", flush=True)
             await gateway.put_summary(

@@ -28,6 +28,8 @@ from asyncrl.gateway.models import (
     ClaimRequest,
     CompletionPage,
     DeleteRequest,
+    LaunchReceipt,
+    LaunchRequest,
     PauseRequest,
     ResumeRequest,
     RolloutCreate,
@@ -233,6 +235,19 @@ def build_api(
             raise ApiError(409, str(error)) from error
         return rollout.view()
 
+    @app.post("/api/rollouts/{rollout_id}/launch", dependencies=[Management])
+    async def launch(rollout_id: str, request: LaunchRequest) -> LaunchReceipt:
+        """Mark the rollout launched (the operator calls this before creating its agent Job); 409 if another
+        launch won or the rollout is no longer queued."""
+        _get(store, rollout_id)
+        try:
+            rollout = store.launch(rollout_id, launch_id=request.launch_id)
+        except RolloutConflict as error:
+            raise ApiError(409, str(error), rollout_id=rollout_id) from error
+        return LaunchReceipt(
+            rollout=rollout.view(), instance_id=store.instance_id, totals=store.launch_totals
+        )
+
     @app.get("/api/rollouts/{rollout_id}/events", dependencies=[Management])
     async def rollout_events(rollout_id: str) -> dict[str, Any]:
         rollout = _get(store, rollout_id)
@@ -268,6 +283,7 @@ def build_api(
             "instance_id": store.instance_id,
             "rollouts": counts,
             "finished_totals": totals,
+            "launches": store.launch_totals.model_dump(mode="json"),
             "cursor": store.feed_cursor,
             "trainer_report": (
                 None if store.trainer_report is None else store.trainer_report.model_dump(mode="json")

@@ -16,6 +16,8 @@ import httpx
 from asyncrl.gateway.models import (
     ClaimRequest,
     CompletionPage,
+    LaunchReceipt,
+    LaunchRequest,
     RolloutCreate,
     RolloutView,
     TrainerReport,
@@ -162,6 +164,13 @@ class GatewayClient:
         )
         return [RolloutView.model_validate(item) for item in response.json()["rollouts"]]
 
+    async def launch(self, rollout_id: str, *, launch_id: str) -> LaunchReceipt:
+        """Mark a queued rollout launched before creating its agent; 409 (`GatewayError`) if it already was
+        under another `launch_id` or is no longer queued. Repeating the same `launch_id` is a no-op."""
+        body = LaunchRequest(launch_id=launch_id).model_dump(mode="json")
+        response = await self._request("POST", f"/api/rollouts/{rollout_id}/launch", json=body)
+        return LaunchReceipt.model_validate(response.json())
+
     async def transition(
         self,
         rollout_id: str,
@@ -193,8 +202,9 @@ class GatewayClient:
         return result
 
     async def stats(self) -> dict[str, Any]:
-        """Rollouts by state (`rollouts`), terminal states ever (`finished_totals`), `cursor`, pause state,
-        and `instance_id` (changes when the gateway restarted and lost its state)."""
+        """Rollouts by state (`rollouts`), terminal states ever (`finished_totals`), launches ever
+        (`launches`, a `LaunchTotals`), `cursor`, pause state, and `instance_id` (changes when the gateway
+        restarted and lost its state)."""
         result: dict[str, Any] = (await self._request("GET", "/api/stats")).json()
         return result
 

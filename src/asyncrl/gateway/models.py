@@ -43,6 +43,7 @@ class RolloutView(BaseModel):
     reward: float | None
     message: str | None
     n_model_calls: int
+    launched_at: float | None = None  # when the operator launched its agent (None: not launched yet)
 
 
 class Transition(BaseModel):
@@ -62,6 +63,32 @@ class ClaimRequest(BaseModel):
     takeover: bool = Field(
         default=False, description="Also take rollouts leased by an earlier claimer (a restarted operator)."
     )
+
+
+class LaunchRequest(BaseModel):
+    """`POST /api/rollouts/{rollout_id}/launch`: mark a queued rollout launched before its Job exists."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    launch_id: str = Field(
+        pattern=ID_PATTERN,
+        description="The launcher's id for this launch; repeating it is a no-op, any other id gets 409.",
+    )
+
+
+class LaunchTotals(BaseModel):
+    """Launches this gateway instance recorded (they survive the trainer deleting consumed rollouts)."""
+
+    launched: int = Field(ge=0, description="Rollouts marked launched (an agent Job was submitted).")
+    failed: int = Field(ge=0, description="Launched rollouts that ended failed or timed_out.")
+
+
+class LaunchReceipt(BaseModel):
+    """The answer to a launch: the rollout, and the gateway instance and totals it was counted in."""
+
+    rollout: RolloutView
+    instance_id: str
+    totals: LaunchTotals
 
 
 class CompletionEntry(BaseModel):

@@ -5,6 +5,11 @@ trainer long-polls `completions()` for terminal ones (each delivered once per cu
 long-polls `summary_after()` for the trainer's step summary. All methods run on the gateway's event loop.
 Memory is bounded: the trainer deletes consumed rollouts, a rollout keeps at most `max_events_per_rollout`
 model calls, and the completion feed keeps the last `max_feed_entries` entries.
+
+A rollout is also its own launch record: `launch()` marks it launched (an agent Job is being created for it)
+exactly once, before the operator creates the Job, and a launched rollout is never claimed again. That is
+what makes agent launches at-most-once across operator restarts, whatever the Jobs' TTL: the operator's own
+memory and the Jobs themselves may vanish, this record does not while the gateway lives.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 from asyncrl.gateway.models import (
     CompletionEntry,
+    LaunchTotals,
     Mode,
     RolloutCreate,
     RolloutView,
@@ -40,6 +46,10 @@ class RolloutNotFound(KeyError):
 
 class RolloutConflict(ValueError):
     """A create that disagrees with the stored rollout, or an invalid state transition (HTTP 409)."""
+
+
+class AlreadyLaunched(RolloutConflict):
+    """A launch of a rollout launched before under another launch id, or no longer queued (HTTP 409)."""
 
 
 class FeedGap(LookupError):
@@ -76,6 +86,8 @@ class Rollout:
     reward: float | None = None
     message: str | None = None
     claimed_until: float = 0.0
+    launched_at: float | None = None
+    launch_id: str | None = None
     calls: deque[CapturedCall] = field(default_factory=deque)
     events: list[dict[str, Any]] = field(default_factory=list)
     timeout_handle: asyncio.TimerHandle | None = None
@@ -105,6 +117,7 @@ class Rollout:
             reward=self.reward,
             message=self.message,
             n_model_calls=len(self.calls),
+            launched_at=self.launched_at,
         )
 
 
@@ -134,6 +147,7 @@ class RolloutStore:
         self._feed: deque[CompletionEntry] = deque(maxlen=max_feed_entries)
         self._next_seq = 1
         self.finished_totals: dict[RolloutState, int] = {}  # terminal transitions ever, survives deletion
+        self.launch_totals = LaunchTotals(launched=0, failed=0)  # launches ever, survives deletion
         self._queued_signal = _Signal()
         self._feed_signal = _Signal()
         self._summary_signal = _Signal()
@@ -211,17 +225,21 @@ class RolloutStore:
     async def claim(
         self, *, limit: int, wait_seconds: float, lease_seconds: float, takeover: bool = False
     ) -> list[Rollout]:
-        """Queued rollouts nobody holds a lease on, waiting up to `wait_seconds` for the first one.
+        """Queued, never launched rollouts nobody holds a lease on, waiting up to `wait_seconds` for one.
 
-        A claim is a lease, not a state change: if the claimer dies before the rollout runs, the rollout is
-        offered again when the lease ends (the operator's deterministic Job names make that harmless).
+        A claim is a lease, not a state change: if the claimer dies before it launched the rollout, the
+        rollout is offered again when the lease ends. A launched rollout is never offered again.
         """
         deadline = time.monotonic() + wait_seconds
         while True:
             now = time.time()
             claimed = []
             for rollout in self._rollouts.values():
-                if rollout.state == RolloutState.QUEUED and (takeover or rollout.claimed_until <= now):
+                if (
+                    rollout.state == RolloutState.QUEUED
+                    and rollout.launched_at is None
+                    and (takeover or rollout.claimed_until <= now)
+                ):
                     rollout.claimed_until = now + lease_seconds
                     claimed.append(rollout)
                     if len(claimed) >= limit:
@@ -230,6 +248,29 @@ class RolloutStore:
             if claimed or remaining <= 0:
                 return claimed
             await self._queued_signal.wait(remaining)
+
+    def launch(self, rollout_id: str, *, launch_id: str) -> Rollout:
+        """Record that an agent is being launched for this queued rollout; at most one launch id ever wins.
+
+        Repeating the call with the winning `launch_id` is a no-op (a retry whose answer was lost); any other
+        launch id, or a rollout that is no longer queued, raises `AlreadyLaunched`.
+        """
+        rollout = self.get(rollout_id)
+        if rollout.launched_at is not None:
+            if rollout.launch_id == launch_id:
+                return rollout
+            raise AlreadyLaunched(
+                f"rollout {rollout_id!r} was already launched (launch {rollout.launch_id}); "
+                "a rollout is launched at most once"
+            )
+        if rollout.state is not RolloutState.QUEUED:
+            raise AlreadyLaunched(f"rollout {rollout_id!r} is {rollout.state}, not queued; nothing to launch")
+        rollout.launched_at = time.time()
+        rollout.launch_id = launch_id
+        self.launch_totals = self.launch_totals.model_copy(
+            update={"launched": self.launch_totals.launched + 1}
+        )
+        return rollout
 
     def transition(
         self, rollout_id: str, target: RolloutState, *, message: str | None, attempt_id: str | None
@@ -252,6 +293,10 @@ class RolloutStore:
                 rollout.timeout_handle = loop.call_later(rollout.timeout_seconds, self._expire, rollout_id)
         elif target.is_terminal:
             rollout.finished_at = now
+            if rollout.launched_at is not None and target in (RolloutState.FAILED, RolloutState.TIMED_OUT):
+                self.launch_totals = self.launch_totals.model_copy(
+                    update={"failed": self.launch_totals.failed + 1}
+                )
             if rollout.timeout_handle is not None:
                 rollout.timeout_handle.cancel()
                 rollout.timeout_handle = None

@@ -1,13 +1,33 @@
 """The per-run controller: queued rollouts become agent Jobs, Job outcomes reach the gateway, status is kept.
 
-One instance per run, running as the run's kopf daemon. Four loops, none of them polling:
-- claim: long-polls the gateway for queued rollouts and creates one Job each (rate-limited, capped),
+One instance per run, started by the operator for each run it sees. Four loops, none of them polling:
+- claim: long-polls the gateway for queued rollouts and launches one Job each (rate-limited, capped),
 - reports: applies Job watch events (delivered by the namespace's one label-selected watch) to the gateway,
 - cancellations: follows the gateway's completion feed and deletes the Jobs of cancelled/timed-out rollouts,
 - status: long-polls the trainer's window summary and writes the run's status when it changed, at most once
   per second.
-A restart is safe: Job names are deterministic (creating one again is a no-op), claims are leases the gateway
-re-offers, and the Job watch starts with a full listing.
+
+At-most-once launches, whatever the Jobs' TTL. The gateway's rollout record is the launch record: before
+creating a Job the controller calls `POST /api/rollouts/{id}/launch` with a fresh launch id. The gateway marks
+the rollout launched atomically; repeating the same id is a no-op (a retry whose answer was lost), any other
+id gets 409, and claims never offer a launched rollout again. So a restarted operator, which re-claims only
+unlaunched rollouts, never creates a second Job for a rollout, even when the first Job already finished and
+was removed by `ttlSecondsAfterFinished: 0`. What the restart cannot see is resolved, never relaunched: at
+start, a launched rollout that is not terminal and has no Job is ended `succeeded` if its agent reported a
+reward (it finished while nobody watched) and `failed` otherwise (it was removed unfinished, or the operator
+stopped between the launch and the Job), with a message saying so; the trainer trains the first with its
+reward and gives the second its fill reward. A crash between launch and Job creation therefore loses that
+one rollout instead of running it twice.
+
+Failures: transient API server and gateway errors (no connection, timeouts, 429, 5xx) are retried with
+backoff (`retry.py`); only a rejection (another 4xx) fails a rollout, with one readable line as the reason.
+
+Gateway restarts: every agent Job carries the gateway instance it was launched through. When the gateway's
+`instance_id` changes, the controller resets its completion cursor and report bookkeeping, deletes the old
+instance's unfinished Jobs (their rollouts are gone with it) and ignores the old Jobs' outcomes.
+
+Counters: `jobs.created` and `jobs.failed` come from the gateway's launch totals plus a ledger of earlier
+gateway instances (`ledger.py`), so neither a restart nor TTL deletion makes them shrink.
 """
 
 from __future__ import annotations
@@ -17,33 +37,58 @@ import contextlib
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from asyncrl.agent import AgentEnvironment
 from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, Phase
 from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import RolloutView, TrainerOutcome, TrainerReport
+from asyncrl.gateway.models import LaunchTotals, RolloutView, TrainerOutcome, TrainerReport
 from asyncrl.operator import names
 from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
 from asyncrl.operator.children import owner_reference
 from asyncrl.operator.job_state import rollout_state_of_job
 from asyncrl.operator.kube import JSON, Kube
+from asyncrl.operator.ledger import ANNOTATION_LEDGER, JobCountsSeen, JobLedger
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
+from asyncrl.operator.retry import (
+    Backoff,
+    GaveUp,
+    gateway_error_is_transient,
+    kube_error_is_transient,
+    one_line_reason,
+    retry_transient,
+)
 from asyncrl.operator.status import RunObservation, next_status
 from asyncrl.operator.templates import TemplateError, check_template, render_job, rollout_variables
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 STATUS_MIN_INTERVAL_SECONDS = 1.0
-GATEWAY_RETRY_SECONDS = 2.0
+GATEWAY_BACKOFF = Backoff(first_seconds=0.5, max_seconds=5.0)  # the gateway may be starting: wait it out
+KUBE_BACKOFF = Backoff(first_seconds=0.5, max_seconds=10.0)
+CREATE_JOB_DEADLINE_SECONDS = 120.0  # transient API errors longer than this fail the rollout
+ANNOTATION_LAUNCH_ID = f"{names.GROUP}/launch-id"
+ANNOTATION_GATEWAY_INSTANCE = f"{names.GROUP}/gateway-instance"
+VANISHED_WITH_REWARD = (
+    "the agent Job finished and was removed while the operator was away; its reported reward stands "
+    "(not relaunched: a rollout runs at most once)"
+)
+VANISHED_WITHOUT_REWARD = (
+    "the agent Job of this launched rollout no longer exists (removed before it reported a reward, or never "
+    "created because the operator stopped right after the launch); not relaunched: a rollout runs at most "
+    "once"
+)
 
 
 @dataclass
@@ -66,12 +111,12 @@ class RunContext:
 
 @dataclass
 class _JobBook:
-    """What the controller knows of its agent Jobs (rebuilt from the watch's listing after a restart)."""
+    """What the controller knows of its agent Jobs (rebuilt from the watch's listing after a restart).
+
+    Counts that must survive restarts and TTL deletion are not kept here (see `ledger.py`)."""
 
     active: set[str] = field(default_factory=set)
-    failed: set[str] = field(default_factory=set)
     reported: dict[str, RolloutState] = field(default_factory=dict)
-    created: int = 0
 
 
 class RunController:
@@ -98,7 +143,19 @@ class RunController:
         self._stopped_for_failure = False
         self._status = AsyncTrainingRunStatus.model_validate(context.run.get("status") or {})
         self._written: dict[str, Any] | None = None
-        self.jobs.created = (self._status.jobs.created if self._status.jobs else 0) or 0
+        # The Job counters: never below what the stored status showed, then derived from the gateway.
+        stored = self._status.jobs
+        self._shown = JobCountsSeen(
+            created=(stored.created if stored else 0) or 0, failed=(stored.failed if stored else 0) or 0
+        )
+        annotations = context.run["metadata"].get("annotations") or {}
+        self._ledger = JobLedger.from_annotation(annotations.get(ANNOTATION_LEDGER))
+        self._launch_totals: LaunchTotals | None = None
+        self._gateway_instance: str | None = None
+        self._gateway_known = asyncio.Event()
+        self._gateway_restarted = asyncio.Event()
+        self._gateway_lock = asyncio.Lock()
+        self._takeover = True
 
     # -- entry points -------------------------------------------------------------------------------------
 
@@ -135,45 +192,148 @@ class RunController:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.gateway.close()
 
+    # -- the gateway: calls, instance, counters -----------------------------------------------------------
+
+    async def _gateway_call(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Call the gateway, waiting out its absence (the trainer pod is starting or restarting) and its
+        transient errors with backoff; a 4xx raises `GatewayError`."""
+
+        def unreachable(error: BaseException) -> None:
+            if self.gateway_reachable:
+                logger.info("run %s: gateway unreachable: %s", self.context.name, one_line_reason(error))
+                self.gateway_reachable = False
+                self._dirty.set()
+
+        result = await retry_transient(
+            call,
+            is_transient=gateway_error_is_transient,
+            what=f"run {self.context.name}: gateway call",
+            backoff=GATEWAY_BACKOFF,
+            on_retry=unreachable,
+        )
+        if not self.gateway_reachable:
+            self.gateway_reachable = True
+            self._dirty.set()  # the status loop reads the stats next, which notices a restarted gateway
+        return result
+
+    async def _kube_call(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
+        return await retry_transient(
+            call, is_transient=kube_error_is_transient, what=what, backoff=KUBE_BACKOFF, deadline_seconds=60
+        )
+
+    async def _read_gateway_stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = await self._gateway_call(self.gateway.stats)
+        await self._observe_gateway(
+            str(stats.get("instance_id") or ""),
+            LaunchTotals.model_validate(stats.get("launches") or {"launched": 0, "failed": 0}),
+        )
+        return stats
+
+    def _job_counts(self) -> JobCountsSeen:
+        if self._launch_totals is None:
+            return self._shown
+        return self._ledger.counts(self._launch_totals, at_least=self._shown)
+
+    async def _observe_gateway(self, instance_id: str, totals: LaunchTotals) -> None:
+        """Take the gateway's launch totals; on a new gateway instance, rebase the counters and start over."""
+        async with self._gateway_lock:
+            if instance_id == self._gateway_instance:
+                if self._launch_totals is None or totals.launched >= self._launch_totals.launched:
+                    self._launch_totals = totals  # answers may arrive out of order: keep the newest
+                return
+            previous = self._gateway_instance
+            shown = self._job_counts()  # with the old instance's totals, before switching
+            ledger = self._ledger.for_instance(instance_id, totals, shown=shown)
+            self._shown = shown
+            self._gateway_instance = instance_id
+            self._launch_totals = totals
+            if ledger != self._ledger:
+                self._ledger = ledger
+                await asyncio.shield(self._persist_ledger())
+            if previous is not None:
+                logger.warning(
+                    "run %s: the gateway restarted (instance %s → %s): its rollouts are gone; resetting",
+                    self.context.name,
+                    previous,
+                    instance_id,
+                )
+                self.jobs.reported.clear()
+                self._takeover = True
+                self._gateway_restarted.set()
+                await self.kube.post_event(
+                    self.context.run,
+                    reason="GatewayRestarted",
+                    message="the gateway restarted and lost its rollouts; the unfinished agent Jobs "
+                    "launched through it are deleted and its new rollouts are launched",
+                    warning=True,
+                )
+            self._gateway_known.set()
+            self._dirty.set()
+
+    async def _persist_ledger(self) -> None:
+        patch = {ANNOTATION_LEDGER: self._ledger.to_annotation()}
+        try:
+            await self._kube_call(
+                lambda: self.kube.patch_run_annotations(self.context.namespace, self.context.name, patch),
+                what=f"run {self.context.name}: saving the Job ledger",
+            )
+        except Exception as error:  # the stored status still keeps the counts from going down
+            logger.warning(
+                "run %s: could not save the Job ledger: %s", self.context.name, one_line_reason(error)
+            )
+
     # -- claim → Jobs -------------------------------------------------------------------------------------
 
-    async def _gateway_call(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Call the gateway, waiting out its absence (the trainer pod is starting or restarting)."""
-        while True:
-            try:
-                result = await call()
-            except (httpx.TransportError, GatewayError) as error:
-                if isinstance(error, GatewayError) and error.status < 500:
-                    raise
-                if self.gateway_reachable:
-                    logger.info("run %s: gateway unreachable: %s", self.context.name, error)
-                    self.gateway_reachable = False
-                    self._dirty.set()
-                await asyncio.sleep(GATEWAY_RETRY_SECONDS)
-                continue
-            if not self.gateway_reachable:
-                self.gateway_reachable = True
-                self._dirty.set()
-            return result
-
     async def _claim_loop(self) -> None:
-        # The first claim takes over leases of a previous operator process: with one active operator per run
-        # (standalone or kopf peering), a lease still held at our start belongs to a claimer that is gone.
-        takeover = True
+        await self._read_gateway_stats()
+        await self._resolve_vanished_launches()
         while True:
             if self.context.spec.suspend:
                 self._capacity.clear()
                 await self._capacity.wait()
                 continue
+            # The first claim (and the first after a gateway restart) takes over leases of a previous claimer:
+            # with one active operator per run, a lease still held at our start belongs to a claimer that is
+            # gone. Launched rollouts are never offered, leased or not.
+            takeover, self._takeover = self._takeover, False
             claimed: list[RolloutView] = await self._gateway_call(
                 functools.partial(
                     self.gateway.claim, limit=50, wait_seconds=30, lease_seconds=120, takeover=takeover
                 )
             )
-            takeover = False
             for rollout in claimed:
                 await self._wait_for_capacity()
                 await self._launch(rollout)
+
+    async def _resolve_vanished_launches(self) -> None:
+        """Launched unfinished rollouts whose Job is gone (it ended unwatched): end them, never rerun."""
+        rollouts, _ = await self._gateway_call(self.gateway.list_rollouts)
+        launched = [r for r in rollouts if r.launched_at is not None and not r.state.is_terminal]
+        if not launched:
+            return
+        jobs = await self._kube_call(
+            lambda: self.kube.list_agent_jobs(self.context.namespace, self.context.name),
+            what=f"run {self.context.name}: listing agent Jobs",
+        )
+        with_jobs = {
+            (job["metadata"].get("annotations") or {}).get(names.ANNOTATION_ROLLOUT_ID) for job in jobs
+        }
+        for rollout in launched:
+            if rollout.rollout_id in with_jobs:
+                continue  # the Job watch's listing reports it
+            if rollout.reward is not None:
+                logger.info(
+                    "run %s rollout %s: %s", self.context.name, rollout.rollout_id, VANISHED_WITH_REWARD
+                )
+                if rollout.state is RolloutState.QUEUED:
+                    await self._transition(rollout.rollout_id, RolloutState.RUNNING, None)
+                await self._transition(rollout.rollout_id, RolloutState.SUCCEEDED, VANISHED_WITH_REWARD)
+            else:
+                logger.warning(
+                    "run %s rollout %s: %s", self.context.name, rollout.rollout_id, VANISHED_WITHOUT_REWARD
+                )
+                await self._transition(rollout.rollout_id, RolloutState.FAILED, VANISHED_WITHOUT_REWARD)
+            self.metrics.errors.labels("vanished_launch").inc()
 
     async def _wait_for_capacity(self) -> None:
         while True:
@@ -231,22 +391,81 @@ class RunController:
             attempt_id=ATTEMPT_ID,
             agent_env=agent_env.as_env(),
         )
-        try:
-            created = await self.kube.create_job(job)
-        except Exception as error:  # the API rejected what the template produced
-            await self._template_failed(
-                rollout, f"the API server rejected the rendered Job: {_api_reason(error)}"
-            )
+        if not await self._record_launch(rollout, job):
+            return
+        if not await self._create_job(rollout, job):
             return
         self.limiter.record(time.monotonic())
-        if created:
-            self.jobs.created += 1
-            self.jobs.active.add(job_name)
-            self.metrics.jobs_created.inc()
-            self._dirty.set()
+        self.jobs.active.add(job_name)
+        self.metrics.jobs_created.inc()
+        self._dirty.set()
         if self.template_error is not None:
             self.template_error = None
             self._dirty.set()
+
+    async def _record_launch(self, rollout: RolloutView, job: JSON) -> bool:
+        """Mark the rollout launched in the gateway (the launch record) and stamp the Job with it."""
+        launch_id = uuid.uuid4().hex
+        try:
+            receipt = await self._gateway_call(
+                functools.partial(self.gateway.launch, rollout.rollout_id, launch_id=launch_id)
+            )
+        except GatewayError as error:
+            # 409: launched before (by an earlier operator process) or no longer queued; 404: consumed.
+            logger.info(
+                "run %s rollout %s: not launched: %s", self.context.name, rollout.rollout_id, error.error
+            )
+            return False
+        await self._observe_gateway(receipt.instance_id, receipt.totals)
+        annotations = job["metadata"].setdefault("annotations", {})
+        annotations[ANNOTATION_LAUNCH_ID] = launch_id
+        annotations[ANNOTATION_GATEWAY_INSTANCE] = receipt.instance_id
+        return True
+
+    async def _create_job(self, rollout: RolloutView, job: JSON) -> bool:
+        """Create the launched rollout's Job, retrying transient failures; a rejection fails the rollout."""
+        name, namespace = job["metadata"]["name"], self.context.namespace
+        try:
+            created = await retry_transient(
+                lambda: self.kube.create_job(job),
+                is_transient=kube_error_is_transient,
+                what=f"run {self.context.name}: creating agent Job {name}",
+                backoff=KUBE_BACKOFF,
+                deadline_seconds=CREATE_JOB_DEADLINE_SECONDS,
+                on_retry=lambda _error: self.metrics.errors.labels("create_job_retry").inc(),
+            )
+        except GaveUp as error:
+            await self._launch_failed(rollout, f"could not create the agent Job {name}: {error}")
+            return False
+        except Exception as error:  # the API server (or the client, before sending) rejected the body
+            await self._template_failed(
+                rollout, f"the API server rejected the agent Job {name}: {one_line_reason(error)}"
+            )
+            return False
+        if created:
+            return True
+        # A Job of that name exists: ours if an earlier attempt of this very call got through unanswered.
+        existing = await self._kube_call(
+            lambda: self.kube.read_job(namespace, name), what=f"run {self.context.name}: reading Job {name}"
+        )
+        launch_id = job["metadata"]["annotations"][ANNOTATION_LAUNCH_ID]
+        if (
+            existing is not None
+            and (existing["metadata"].get("annotations") or {}).get(ANNOTATION_LAUNCH_ID) == launch_id
+        ):
+            return True
+        await self._launch_failed(
+            rollout,
+            f"an agent Job named {name} from an earlier launch of the same rollout id still exists; "
+            "not replaced (a rollout runs at most once)",
+        )
+        return False
+
+    async def _launch_failed(self, rollout: RolloutView, reason: str) -> None:
+        logger.warning("run %s rollout %s: %s", self.context.name, rollout.rollout_id, reason)
+        self.metrics.errors.labels("create_job").inc()
+        await self.kube.post_event(self.context.run, reason="AgentJobFailed", message=reason, warning=True)
+        await self._transition(rollout.rollout_id, RolloutState.FAILED, reason)
 
     async def _template_failed(self, rollout: RolloutView, reason: str) -> None:
         logger.warning("run %s rollout %s: %s", self.context.name, rollout.rollout_id, reason)
@@ -257,16 +476,12 @@ class RunController:
             )
         self.template_error = reason
         self._dirty.set()
-        with contextlib.suppress(GatewayError):
-            await self._gateway_call(
-                lambda: self.gateway.transition(
-                    rollout.rollout_id, RolloutState.FAILED, message=f"agent template: {reason}"
-                )
-            )
+        await self._transition(rollout.rollout_id, RolloutState.FAILED, f"agent template: {reason}")
 
     # -- Job watch events → gateway -----------------------------------------------------------------------
 
     async def _report_loop(self) -> None:
+        await self._gateway_known.wait()  # which gateway instance a Job's outcome belongs to
         while True:
             event_type, job = await self._job_events.get()
             component = (job["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT)
@@ -288,16 +503,19 @@ class RunController:
         if observed is None:
             return
         state, message = observed
-        if state.is_terminal:
+        if state.is_terminal or event_type == "DELETED":
             if name in self.jobs.active:
                 self.jobs.active.discard(name)
                 self._capacity.set()
-            if state is not RolloutState.SUCCEEDED:
-                self.jobs.failed.add(name)
-        elif event_type != "DELETED":
+        else:
             self.jobs.active.add(name)
         self._dirty.set()
+        instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
+        if instance is not None and instance != self._gateway_instance:
+            return  # launched through a gateway that restarted since: its rollout is gone with it
         if self.jobs.reported.get(name) == state:
+            if event_type == "DELETED":
+                self.jobs.reported.pop(name, None)
             return
         if state is RolloutState.SUCCEEDED and self.jobs.reported.get(name) is not RolloutState.RUNNING:
             # Fast agents finish before their pod was seen ready; running comes first in the state machine.
@@ -313,21 +531,34 @@ class RunController:
                 lambda: self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
             )
         except GatewayError as error:
-            # 404: consumed and deleted by the trainer; 409: already terminal (e.g. cancelled). Both are fine.
+            # 404: consumed and deleted by the trainer (or gone with a restarted gateway); 409: already
+            # terminal (e.g. cancelled). Any other rejection is logged: an outcome is never worth a crash.
             if error.status not in (404, 409):
-                raise
+                logger.warning(
+                    "run %s rollout %s: the gateway refused %s: %s",
+                    self.context.name,
+                    rollout_id,
+                    state,
+                    one_line_reason(error),
+                )
 
     # -- cancellations ------------------------------------------------------------------------------------
 
     async def _cancellation_loop(self) -> None:
         """Delete the Jobs of rollouts the gateway ended without them (stale groups, gateway timeouts)."""
-        stats = await self._gateway_call(self.gateway.stats)
-        cursor = int(stats["cursor"])
+        cursor = int((await self._read_gateway_stats())["cursor"])
+        self._gateway_restarted.clear()
         await self._delete_orphaned_jobs()
         while True:
+            if self._gateway_restarted.is_set():
+                self._gateway_restarted.clear()
+                cursor = int((await self._read_gateway_stats())["cursor"])
+                await self._delete_orphaned_jobs()
             try:
-                page = await self._gateway_call(
-                    functools.partial(self.gateway.completions, after=cursor, wait_seconds=30)
+                page = await self._until_gateway_restart(
+                    self._gateway_call(
+                        functools.partial(self.gateway.completions, after=cursor, wait_seconds=30)
+                    )
                 )
             except GatewayError as error:
                 if error.status != 410:
@@ -335,6 +566,10 @@ class RunController:
                 cursor = int(error.body.get("cursor", 0))  # fell behind the retained feed: resync
                 await self._delete_orphaned_jobs()
                 continue
+            if page is None:
+                continue  # the gateway restarted while we waited: start over on the new one
+            if not page.entries:
+                await self._read_gateway_stats()  # a quiet half-minute: make sure it is the same gateway
             cursor = page.cursor
             for entry in page.entries:
                 if entry.state in (RolloutState.CANCELLED, RolloutState.TIMED_OUT):
@@ -342,13 +577,36 @@ class RunController:
                     if job_name in self.jobs.active or entry.state is RolloutState.CANCELLED:
                         await self.kube.delete_job(self.context.namespace, job_name)
 
+    async def _until_gateway_restart(self, call: Coroutine[Any, Any, T]) -> T | None:
+        """`await call`, or None (the call cancelled) as soon as a gateway restart is noticed."""
+        work = asyncio.ensure_future(call)
+        restarted = asyncio.ensure_future(self._gateway_restarted.wait())
+        try:
+            await asyncio.wait({work, restarted}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: the call must not outlive us (nor the gateway client)
+            work.cancel()
+            raise
+        finally:
+            restarted.cancel()
+        if self._gateway_restarted.is_set():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+            return None
+        return work.result()
+
     async def _delete_orphaned_jobs(self) -> None:
-        """After a restart: Jobs still running for rollouts the gateway no longer wants."""
+        """Unfinished Jobs of rollouts the gateway no longer wants (after a restart of either side)."""
         for job in await self.kube.list_agent_jobs(self.context.namespace, self.context.name):
             if rollout_state_of_job(job.get("status")) is not None and job["status"].get("active", 0) == 0:
                 continue
-            rollout_id = (job["metadata"].get("annotations") or {}).get(names.ANNOTATION_ROLLOUT_ID)
+            annotations = job["metadata"].get("annotations") or {}
+            rollout_id = annotations.get(names.ANNOTATION_ROLLOUT_ID)
             if rollout_id is None:
+                continue
+            instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
+            if instance is not None and instance != self._gateway_instance:
+                await self.kube.delete_job(self.context.namespace, job["metadata"]["name"])
                 continue
             try:
                 rollout = await self._gateway_call(functools.partial(self.gateway.get_rollout, rollout_id))
@@ -379,15 +637,21 @@ class RunController:
                 self._dirty.set()
 
     async def _refresh_rollout_counts(self) -> None:
-        with contextlib.suppress(httpx.TransportError, GatewayError):
+        try:  # one attempt: the status must not wait for an absent gateway
             stats = await self.gateway.stats()
-            # In flight now, and finished ever: the trainer deletes the rollouts it consumed.
-            self._rollout_counts = {
-                **stats["finished_totals"],
-                **{state: stats["rollouts"][state] for state in ("queued", "running")},
-            }
-            report = stats.get("trainer_report")
-            self._trainer_report = None if report is None else TrainerReport.model_validate(report)
+        except (httpx.TransportError, GatewayError):
+            return
+        await self._observe_gateway(
+            str(stats.get("instance_id") or ""),
+            LaunchTotals.model_validate(stats.get("launches") or {"launched": 0, "failed": 0}),
+        )
+        # In flight now, and finished ever: the trainer deletes the rollouts it consumed.
+        self._rollout_counts = {
+            **stats["finished_totals"],
+            **{state: stats["rollouts"][state] for state in ("queued", "running")},
+        }
+        report = stats.get("trainer_report")
+        self._trainer_report = None if report is None else TrainerReport.model_validate(report)
 
     async def _status_loop(self) -> None:
         last_write = 0.0
@@ -401,6 +665,7 @@ class RunController:
     async def _write_status(self) -> None:
         if self.gateway_reachable:
             await self._refresh_rollout_counts()
+        counts = self._job_counts()
         observation = RunObservation(
             generation=int(self.context.run["metadata"].get("generation") or 0),
             suspended=self.context.spec.suspend,
@@ -409,8 +674,8 @@ class RunController:
             summary=self._summary,
             rollout_counts=self._rollout_counts,
             jobs_active=len(self.jobs.active),
-            jobs_created=self.jobs.created,
-            jobs_failed=len(self.jobs.failed),
+            jobs_created=counts.created,
+            jobs_failed=counts.failed,
             template_error=self.template_error,
             fatal_error=self._fatal_error(),
             trainer_error=self._trainer_error(),
@@ -427,6 +692,7 @@ class RunController:
         self.metrics.status_writes.inc()
         self._status = status
         self._written = payload
+        self._shown = counts
         if status.phase is Phase.FAILED and not self._stopped_for_failure:
             await self._stop_failed_run()
 
@@ -457,13 +723,3 @@ class RunController:
             with contextlib.suppress(Exception):
                 await self.kube.delete_job(namespace, job_name)
         logger.info("run %s failed: trainer Job suspended, agent Jobs deleted", self.context.name)
-
-
-def _api_reason(error: Exception) -> str:
-    body = getattr(error, "body", None)
-    if body:
-        import json
-
-        with contextlib.suppress(ValueError, TypeError):
-            return str(json.loads(body).get("message", body))
-    return str(error)

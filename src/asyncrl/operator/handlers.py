@@ -1,13 +1,21 @@
-"""kopf wiring: one daemon per run (children, then the run's controller), spec updates, one Job watch per
-namespace. Everything substantial lives in `children`, `controller` and `status`; this module only connects
-them to kopf's lifecycle.
+"""kopf wiring: one supervised task per run (children, then the run's controller), spec updates, one Job
+watch per namespace. Everything substantial lives in `children`, `controller` and `status`; this module only
+connects them to kopf's lifecycle.
+
+The per-run tasks are started and stopped from a watch-event handler, not a `kopf.daemon`: kopf puts a
+finalizer on every object that has a daemon, so a run deleted while the operator is down would hang in
+`Terminating` until it came back. Nothing needs to happen at deletion (owner references let the garbage
+collector remove the children), so no handler of ours needs a finalizer, and kopf removes the one an older
+operator version left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,9 +26,9 @@ from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.api.types.status import Phase
 from asyncrl.operator import children, names
 from asyncrl.operator.controller import RunContext, RunController
-from asyncrl.operator.errors import one_line
 from asyncrl.operator.kube import JSON, JobWatch, Kube
 from asyncrl.operator.metrics import OperatorMetrics
+from asyncrl.operator.retry import Backoff, one_line_reason
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +49,7 @@ class Runtime:
     metrics: OperatorMetrics
     controllers: dict[tuple[str, str], RunController] = field(default_factory=dict)
     watches: list[JobWatch] = field(default_factory=list)
+    runs: dict[tuple[str, str], _RunTask] = field(default_factory=dict)
 
     def deliver(self, event_type: str, job: JSON) -> None:
         labels = job["metadata"].get("labels") or {}
@@ -48,6 +57,15 @@ class Runtime:
         controller = self.controllers.get((job["metadata"]["namespace"], run or ""))
         if controller is not None:
             controller.on_job_event(event_type, job)
+
+
+@dataclass
+class _RunTask:
+    uid: str
+    task: asyncio.Task[None]
+
+
+RESTART_BACKOFF = Backoff(first_seconds=10.0, max_seconds=60.0)
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -97,11 +115,66 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
 
 @kopf.on.cleanup()
 async def _cleanup(memo: Any, **_: Any) -> None:
-    for watch in _runtime(memo).watches:
+    runtime = _runtime(memo)
+    for watch in runtime.watches:
         watch.stop()
+    for key in list(runtime.runs):
+        await _stop_run(runtime, key)
 
 
-def _parse(body: kopf.Body) -> tuple[JSON, AsyncTrainingRunSpec]:
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def run_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Start a run's task when the run appears (or at operator start), stop it when the run goes away."""
+    runtime = _runtime(memo)
+    raw: JSON = dict(event["object"])
+    metadata = raw.get("metadata") or {}
+    key = (str(metadata.get("namespace")), str(metadata.get("name")))
+    current = runtime.runs.get(key)
+    if event["type"] == "DELETED" or metadata.get("deletionTimestamp"):
+        await _stop_run(runtime, key)
+        return
+    if current is not None and current.uid == metadata.get("uid"):
+        return  # already running (or finished for good, as an invalid run does)
+    if current is not None:  # deleted and created again under the same name while we were not looking
+        await _stop_run(runtime, key)
+    task = asyncio.create_task(_supervise(runtime, copy.deepcopy(raw)), name=f"run-{key[0]}/{key[1]}")
+    runtime.runs[key] = _RunTask(uid=str(metadata.get("uid")), task=task)
+
+
+async def _stop_run(runtime: Runtime, key: tuple[str, str]) -> None:
+    entry = runtime.runs.pop(key, None)
+    if entry is None:
+        return
+    entry.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await asyncio.wait_for(entry.task, timeout=10)
+
+
+async def _supervise(runtime: Runtime, body: JSON) -> None:
+    """Run the run's controller; after a failure, start it again with backoff (as kopf retried the daemon)."""
+    delays = RESTART_BACKOFF.delays()
+    name = body["metadata"]["name"]
+    while True:
+        try:
+            await run_daemon(body, runtime)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            delay = next(delays)
+            logger.error(
+                "run %s: the controller stopped: %s; restarting in %.0f s",
+                name,
+                one_line_reason(error),
+                delay,
+                exc_info=not isinstance(error, kopf.TemporaryError),
+            )
+            await asyncio.sleep(delay)
+        with contextlib.suppress(Exception):  # start again from the run as it is now
+            body = await runtime.kube.read_run(body["metadata"]["namespace"], name)
+
+
+def _parse(body: Mapping[str, Any]) -> tuple[JSON, AsyncTrainingRunSpec]:
     run: JSON = {
         "apiVersion": body["apiVersion"],
         "kind": body["kind"],
@@ -111,9 +184,6 @@ def _parse(body: kopf.Body) -> tuple[JSON, AsyncTrainingRunSpec]:
     }
     parsed = load_run({key: run[key] for key in ("apiVersion", "kind", "metadata", "spec")})
     return run, parsed.spec
-
-
-RECONCILE_RETRY_SECONDS = 10
 
 
 async def _fail_run(kube: Kube, run: JSON, *, reason: str, message: str) -> None:
@@ -140,7 +210,7 @@ async def _set_waiting_status(kube: Kube, run: JSON, message: str) -> None:
         )
 
 
-async def _fail_invalid_run(kube: Kube, body: kopf.Body, error: InvalidRunError) -> None:
+async def _fail_invalid_run(kube: Kube, body: Mapping[str, Any], error: InvalidRunError) -> None:
     metadata = body["metadata"]
     message = _reasons(error)
     logger.error("run %s is invalid: %s", metadata["name"], message)
@@ -157,7 +227,7 @@ def _reasons(error: InvalidRunError) -> str:
     return "; ".join(str(field_error) for field_error in error.errors)
 
 
-def _reference(body: kopf.Body) -> JSON:
+def _reference(body: Mapping[str, Any]) -> JSON:
     """The run as much as an Event needs (apiVersion, kind, metadata), without parsing its spec."""
     return {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": dict(body["metadata"])}
 
@@ -189,9 +259,8 @@ async def _reconcile_children(kube: Kube, run: JSON, spec: AsyncTrainingRunSpec,
             )
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def run_daemon(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    runtime = _runtime(memo)
+async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
+    """Reconcile the run's children, then run its controller until cancelled."""
     try:
         run, spec = _parse(body)
     except InvalidRunError as error:
@@ -216,10 +285,10 @@ async def run_daemon(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **
         gateway_key = await kube.read_secret_key(namespace, secret_name, secret_key)
     except Exception as error:
         runtime.metrics.reconciles.labels("error").inc()
-        message = f"{one_line(error)}; retrying every {RECONCILE_RETRY_SECONDS}s"
+        message = f"{one_line_reason(error)}; retrying"
         await kube.post_event(run, reason="ReconcileError", message=message, warning=True)
         await _set_waiting_status(kube, run, message)
-        raise kopf.TemporaryError(message, delay=RECONCILE_RETRY_SECONDS) from error
+        raise kopf.TemporaryError(f"reconciling children failed: {message}") from error
     runtime.metrics.reconciles.labels("ok").inc()
     if runtime.config.gateway_address == "localhost":
         gateway_url = f"http://127.0.0.1:{spec.gateway.port}"
@@ -241,21 +310,9 @@ async def run_daemon(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **
     trainer = await kube.read_job(namespace, names.trainer_job_name(name))
     if trainer is not None:
         controller.on_job_event("SYNC", trainer)
-    work = asyncio.create_task(controller.run(), name=f"run-{namespace}/{name}")
-
-    async def wait_stopped() -> None:
-        await stopped.wait()
-
-    stop = asyncio.create_task(wait_stopped())
     try:
-        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
-            work.result()
+        await controller.run()
     finally:
-        work.cancel()
-        stop.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await work
         if runtime.controllers.get((namespace, name)) is controller:
             del runtime.controllers[(namespace, name)]
 

@@ -97,7 +97,8 @@ class Kube:
     # -- agent Jobs ---------------------------------------------------------------------------------------
 
     async def create_job(self, body: JSON) -> bool:
-        """Create an agent Job; False when it already exists (a restart re-claiming the same rollout)."""
+        """Create an agent Job (one attempt); False when a Job of that name exists. Errors are raised as the
+        client raised them: the caller decides what is transient (`retry.kube_error_is_transient`)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -137,6 +138,18 @@ class Kube:
             PLURAL,
             name,
             {"status": status},
+        )
+
+    async def patch_run_annotations(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into the run's metadata (the spec and status are left alone)."""
+        await self._call(
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"metadata": {"annotations": annotations}},
         )
 
     async def read_run(self, namespace: str, name: str) -> JSON:

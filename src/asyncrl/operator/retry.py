@@ -1,0 +1,153 @@
+"""Retries with backoff for the operator's calls to the API server and the gateway, and one-line reasons.
+
+The rule the operator follows everywhere: a transient failure (no connection, a timeout, HTTP 429 or 5xx)
+is retried with capped exponential backoff and jitter; a rejection (any other 4xx, or a body the client
+refused before sending) is final and is reported as one readable line, never an exception dump with headers.
+The project has no retry library among its dependencies, so this is a small typed helper rather than one
+more dependency for two call sites.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+import pydantic
+
+from asyncrl.gateway.client import GatewayError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TRANSIENT_HTTP_STATUSES = frozenset({408, 429})
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delays of `first_seconds`, growing by `factor` up to `max_seconds`, each cut by up to `jitter`."""
+
+    first_seconds: float = 0.5
+    max_seconds: float = 10.0
+    factor: float = 2.0
+    jitter: float = 0.2  # a fraction: spreads the retries of many rollouts hitting the same outage
+
+    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
+        draw = (rng or random).random
+        delay = self.first_seconds
+        while True:
+            yield delay * (1.0 - self.jitter * draw())
+            delay = min(self.max_seconds, delay * self.factor)
+
+
+class GaveUp(RuntimeError):
+    """Transient failures lasted past the deadline; `reason` is the last one, as one line."""
+
+    def __init__(self, reason: str, *, attempts: int, seconds: float) -> None:
+        super().__init__(f"still failing after {attempts} attempts in {seconds:.0f} s: {reason}")
+        self.reason = reason
+        self.attempts = attempts
+
+
+async def retry_transient(
+    call: Callable[[], Awaitable[T]],
+    *,
+    is_transient: Callable[[BaseException], bool],
+    what: str,
+    backoff: Backoff = Backoff(),
+    deadline_seconds: float | None = None,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
+    """`await call()` until it succeeds or fails for good.
+
+    A failure that `is_transient` accepts is retried after the next backoff delay; any other failure is
+    raised at once. With `deadline_seconds`, a transient failure after the deadline raises `GaveUp`.
+    """
+    started = time.monotonic()
+    delays = backoff.delays()
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await call()
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            elapsed = time.monotonic() - started
+            reason = one_line_reason(error)
+            if deadline_seconds is not None and elapsed >= deadline_seconds:
+                raise GaveUp(reason, attempts=attempts, seconds=elapsed) from error
+            delay = next(delays)
+            if deadline_seconds is not None:
+                delay = min(delay, max(0.0, deadline_seconds - elapsed))
+            logger.info("%s failed (attempt %d), retrying in %.1f s: %s", what, attempts, delay, reason)
+            if on_retry is not None:
+                on_retry(error)
+            await asyncio.sleep(delay)
+
+
+def kube_error_is_transient(error: BaseException) -> bool:
+    """The API server was unreachable, overloaded or failing (0, 408, 429, 5xx); not a rejection."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(error, ApiException):
+        status = int(error.status or 0)
+        return status == 0 or status in TRANSIENT_HTTP_STATUSES or status >= 500
+    import urllib3.exceptions
+
+    return isinstance(error, OSError | TimeoutError | urllib3.exceptions.HTTPError)
+
+
+def gateway_error_is_transient(error: BaseException) -> bool:
+    """The gateway was unreachable (starting, restarting) or answered 408/429/5xx."""
+    if isinstance(error, GatewayError):
+        return error.status in TRANSIENT_HTTP_STATUSES or error.status >= 500
+    return isinstance(error, httpx.TransportError)
+
+
+def one_line_reason(error: BaseException) -> str:
+    """What went wrong, in one line: the API server's own message and code, never the response headers."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(error, GaveUp):
+        text = str(error)
+    elif isinstance(error, ApiException):
+        text = _api_exception_reason(error)
+    elif isinstance(error, GatewayError):
+        text = f"gateway answered {error.status}: {error.error}"
+    elif isinstance(error, pydantic.ValidationError):  # the Kubernetes client refused the body before sending
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
+            for problem in error.errors()
+        )
+        text = f"invalid {error.title} request: {problems}"
+    else:
+        text = str(error).strip() or type(error).__name__
+        first = text.splitlines()[0]
+        text = first if first.startswith(type(error).__name__) else f"{type(error).__name__}: {first}"
+    return " ".join(text.split())[:1000]
+
+
+def _api_exception_reason(error: object) -> str:
+    status = getattr(error, "status", None) or 0
+    message = str(getattr(error, "reason", None) or "").strip()
+    body = getattr(error, "body", None)
+    if body:
+        try:
+            parsed = json.loads(body)
+        except (TypeError, ValueError):
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("message"):
+            message = str(parsed["message"])
+            if parsed.get("reason"):
+                return f"{parsed['reason']} ({status}): {message}"
+    if status == 0:
+        return f"no answer from the API server: {message.splitlines()[0] if message else 'connection failed'}"
+    return f"HTTP {status}: {message or 'no message'}"

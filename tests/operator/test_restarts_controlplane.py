@@ -1,0 +1,242 @@
+"""Fault suites on the real control plane: operator restarts, failing agents, deletion without an operator.
+
+Each test counts what happened (agent executions appended to a file, Jobs, rollout outcomes seen by the
+stand-in trainer) rather than what holds by construction (Job names are deterministic, so counting unique
+names proves nothing about duplicate executions).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.operator import names
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.processes import ServerProcess
+from asyncrl.testing.waiting import wait_for
+from tests.operator.conftest import OperatorStarter, run_manifest
+from tests.operator.test_operator_controlplane import _agent_jobs, _apply, _events, _run, _status
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+
+def _agent_template(executions: Path) -> str:
+    """An agent that records each execution, then behaves as its row says: ok, fail, or hang."""
+    return f"""\
+apiVersion: batch/v1
+kind: Job
+spec:
+  template:
+    spec:
+      containers:
+      - name: agent
+        image: asyncrl.test/python
+        command:
+        - python
+        - -c
+        - |
+          import os, sys, time
+          with open(os.environ["EXECUTIONS"], "a") as log:
+              log.write(os.environ["AGL_EVENT_URL"] + "\\n")
+          if os.environ["BEHAVIOUR"] == "fail":
+              sys.exit(3)
+          if os.environ["BEHAVIOUR"] == "hang":
+              time.sleep(600)
+          from asyncrl.agent import chat, report_reward
+          chat([{{"role": "user", "content": "hi"}}])
+          time.sleep(float(os.environ["SECONDS"]))
+          report_reward(1.0)
+        env:
+        - name: EXECUTIONS
+          value: "{executions}"
+        - name: BEHAVIOUR
+          value: "{{{{ behaviour }}}}"
+        - name: SECONDS
+          value: "{{{{ seconds }}}}"
+"""
+
+
+def _executions(path: Path) -> collections.Counter[str]:
+    """Executions per rollout id (the id is part of the event URL each agent was given)."""
+    if not path.exists():
+        return collections.Counter()
+    lines = path.read_text().splitlines()
+    return collections.Counter(re.search(r"/api/rollouts/([^/]+)/attempt/", line)[1] for line in lines)  # type: ignore[index]
+
+
+def _kill(operator: ServerProcess) -> None:
+    """SIGKILL, no grace: nothing the operator holds in memory survives."""
+    os.killpg(operator.process.pid, signal.SIGKILL)
+    operator.process.wait(timeout=30)
+
+
+def _trainer_log(pod_runner: PodRunner, namespace: str, run: str) -> str:
+    logs = list((pod_runner.work_dir / "pods").glob(f"{namespace}_{run}-trainer-*/trainer.log"))
+    return "\n".join(log.read_text() for log in logs)
+
+
+def _outcomes(log: str) -> dict[str, tuple[str, str]]:
+    """rollout id → (state, message) as the stand-in trainer received them from the completion feed."""
+    return {m[1]: (m[2], m[3]) for m in re.finditer(r"^rollout (\S+) (\w+): (.*)$", log, re.MULTILINE)}
+
+
+def test_an_operator_killed_three_times_with_ttl_0_executes_every_rollout_exactly_once(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+    tmp_path: Path,
+) -> None:
+    executions = tmp_path / "executions.log"
+    manifest = run_manifest("killed", template=_agent_template(executions), totalSteps=3)
+    manifest["spec"]["data"]["inline"] = [{"behaviour": "ok", "seconds": "4"}] * 2
+    manifest["spec"]["agents"]["ttlSecondsAfterFinished"] = 0
+    operator = start_operator()
+    assert _apply(kubectl, namespace, manifest).returncode == 0
+
+    def step_jobs(step: int) -> list[Any]:
+        return [
+            job
+            for job in _agent_jobs(api_client, namespace)
+            if job.metadata.annotations[names.ANNOTATION_ROLLOUT_ID].startswith(f"s{step}-")
+        ]
+
+    def all_jobs_exist(step: int) -> bool:
+        return len(step_jobs(step)) == 4
+
+    def finished_and_removed(step: int) -> bool:
+        executed = sum(n for r, n in _executions(executions).items() if r.startswith(f"s{step}-"))
+        return executed == 4 and not step_jobs(step)
+
+    for step in range(3):
+        # Every Job of the step exists and its agents are running: kill the operator now. Their Jobs finish
+        # and are removed (TTL 0) while it is down, so a restarted operator can only learn of them from
+        # the gateway's launch record.
+        wait_for(functools.partial(all_jobs_exist, step), timeout=120, what=f"the 4 Jobs of step {step}")
+        _kill(operator)
+        wait_for(
+            functools.partial(finished_and_removed, step),
+            timeout=90,
+            what=f"step {step}'s agents to finish and their Jobs to be removed while the operator is down",
+        )
+        operator = start_operator()
+
+    status = wait_for(
+        lambda: (s := _status(api_client, namespace, "killed")).get("phase") == "Succeeded" and s,
+        timeout=180,
+        what="the run to finish",
+    )
+    counted = _executions(executions)
+    expected = {f"s{step}-g{g}-r{r}" for step in range(3) for g in range(2) for r in range(2)}
+    assert set(counted) == expected
+    assert set(counted.values()) == {1}, counted  # executed exactly once each
+    assert status["jobs"]["created"] == sum(counted.values()) == 12
+    assert status["jobs"]["failed"] == 0
+    assert status["rollouts"]["succeeded"] == 12  # reported rewards stand: finished while nobody watched
+    outcomes = _outcomes(_trainer_log(pod_runner, namespace, "killed"))
+    assert {state for state, _ in outcomes.values()} == {"succeeded"}
+    assert sum("removed while the operator was away" in message for _, message in outcomes.values()) >= 4
+
+
+def test_failing_timed_out_and_deleted_agent_jobs_end_their_rollouts_and_the_groups_complete(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+    tmp_path: Path,
+) -> None:
+    from kubernetes import client
+
+    executions = tmp_path / "executions.log"
+    manifest = run_manifest(
+        "faults", template=_agent_template(executions), totalSteps=1, rolloutTimeoutSeconds=15
+    )
+    manifest["spec"]["data"]["inline"] = [
+        {"behaviour": "ok", "seconds": "0"},  # g0
+        {"behaviour": "fail", "seconds": "0"},  # g1: exits 3
+        {"behaviour": "hang", "seconds": "0"},  # g2: runs past the rollout timeout
+        {"behaviour": "hang", "seconds": "0"},  # g3: its Jobs get deleted
+    ]
+    manifest["spec"]["agents"]["ttlSecondsAfterFinished"] = 0
+    start_operator()
+    assert _apply(kubectl, namespace, manifest).returncode == 0
+    doomed = {"s0-g3-r0", "s0-g3-r1"}
+    wait_for(lambda: doomed <= set(_executions(executions)), timeout=120, what="g3's agents to start")
+    batch = client.BatchV1Api(api_client)
+    for job in _agent_jobs(api_client, namespace):
+        if job.metadata.annotations[names.ANNOTATION_ROLLOUT_ID] in doomed:
+            batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
+
+    status = wait_for(
+        lambda: (s := _status(api_client, namespace, "faults")).get("phase") == "Succeeded" and s,
+        timeout=180,
+        what="the stand-in trainer to see every group complete",
+    )
+    outcomes = _outcomes(_trainer_log(pod_runner, namespace, "faults"))
+    states = {rollout_id: state for rollout_id, (state, _) in outcomes.items()}
+    assert states == {
+        "s0-g0-r0": "succeeded",
+        "s0-g0-r1": "succeeded",
+        "s0-g1-r0": "failed",
+        "s0-g1-r1": "failed",
+        "s0-g2-r0": "timed_out",
+        "s0-g2-r1": "timed_out",
+        "s0-g3-r0": "failed",
+        "s0-g3-r1": "failed",
+    }
+    assert "deleted before it finished" in outcomes["s0-g3-r0"][1]
+    assert set(_executions(executions).values()) == {1}
+    # TTL 0 removed every finished Job; the counts of the status keep them.
+    wait_for(lambda: not _agent_jobs(api_client, namespace), timeout=60, what="TTL to remove the Jobs")
+    status = wait_for(
+        lambda: (s := _status(api_client, namespace, "faults"))["jobs"]["active"] == 0 and s,
+        timeout=30,
+        what="no active Job in the status",
+    )
+    assert status["jobs"]["created"] == 8
+    assert status["jobs"]["failed"] == 6
+
+
+def test_a_run_deleted_while_the_operator_is_down_disappears_and_its_jobs_are_collected(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+    tmp_path: Path,
+) -> None:
+    from kubernetes import client
+
+    operator = start_operator()
+    manifest = run_manifest("orphan", template=_agent_template(tmp_path / "x.log"), totalSteps=50)
+    manifest["spec"]["data"]["inline"] = [{"behaviour": "hang", "seconds": "0"}] * 2
+    assert _apply(kubectl, namespace, manifest).returncode == 0
+    wait_for(lambda: len(_agent_jobs(api_client, namespace)) == 4, timeout=120, what="the agent Jobs")
+    assert not _run(api_client, namespace, "orphan")["metadata"].get("finalizers")
+    _kill(operator)
+    deleted = subprocess.run(
+        [*kubectl, "delete", "atr", "orphan", "-n", namespace, "--wait=true", "--timeout=30s"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    batch, core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
+    wait_for(
+        lambda: (
+            not batch.list_namespaced_job(namespace).items and not core.list_namespaced_pod(namespace).items
+        ),
+        timeout=90,
+        what="the garbage collector to remove every Job and pod of the run",
+    )
+    assert "ReconcileError" not in {item.get("reason") for item in _events(kubectl, namespace)}
