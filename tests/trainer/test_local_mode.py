@@ -126,25 +126,43 @@ def test_local_run_trains_asynchronously_and_logs_the_seed_metrics(tmp_path: Pat
         assert [row[metric] for row in logged] == [row[metric] for row in steps]
 
 
-def test_a_killed_trainer_resumes_from_its_checkpoint_with_its_window(tmp_path: Path) -> None:
-    process = _local_run(tmp_path, _manifest(tmp_path, steps=6, every=1))
+def test_a_trainer_killed_mid_run_redoes_its_lost_steps_and_counts_each_step_once(tmp_path: Path) -> None:
+    # A checkpoint every 3 steps: the kill loses up to two updates, which must be redone, not counted.
+    process = _local_run(tmp_path, _manifest(tmp_path, steps=6, every=3))
     try:
-        wait_for(lambda: len(_metrics(tmp_path)) >= 2, timeout=180, what="two steps")
+        wait_for(lambda: len(_metrics(tmp_path)) >= 2, timeout=300, what="two steps")
         pid = int((tmp_path / "work" / "trainer.pid").read_text())
-        os.kill(pid, signal.SIGKILL)
-        killed_after = len(_metrics(tmp_path))
-        output, _ = process.communicate(timeout=300)
+        os.killpg(pid, signal.SIGKILL)
+        output, _ = process.communicate(timeout=600)
     finally:
         kill_what_is_left(process, tmp_path / "work")
     assert process.returncode == 0, output
-    assert "restarting it" in output
+    assert "trainer exited with -9; restarting it" in output
     log = (tmp_path / "work" / "trainer.log").read_text()
-    assert "resumed from checkpoint" in log
     assert "active groups" in log  # "recovered N active groups (M complete) from the gateway"
-    steps = [int(row["step"]) for row in _metrics(tmp_path)]
-    assert steps[-1] == 5
-    assert steps == sorted(set(steps))  # no step trained twice
-    assert len(steps) >= killed_after
+    assert [int(row["step"]) for row in _metrics(tmp_path)] == [0, 1, 2, 3, 4, 5]  # none twice, none lost
+    assert "finished: trained steps 0-5 (6 steps;" in log
+    assert processes_of_run(tmp_path / "work") == []
+
+
+def test_a_gateway_killed_mid_run_is_restarted_and_the_run_finishes_with_every_step(tmp_path: Path) -> None:
+    process = _local_run(tmp_path, _manifest(tmp_path, steps=6, every=2))
+    try:
+        wait_for(lambda: len(_metrics(tmp_path)) >= 2, timeout=300, what="two steps")
+        first_gateway = int((tmp_path / "work" / "gateway.pid").read_text())
+        os.killpg(first_gateway, signal.SIGKILL)
+        output, _ = process.communicate(timeout=600)
+    finally:
+        kill_what_is_left(process, tmp_path / "work")
+    assert process.returncode == 0, output
+    assert "gateway exited with -9; restarting it (1 of 5)" in output
+    assert int((tmp_path / "work" / "gateway.pid").read_text()) != first_gateway
+    log = (tmp_path / "work" / "trainer.log").read_text()
+    assert "the gateway restarted and lost its rollouts" in log
+    assert "trainer exited" not in output  # adopted in place, no trainer crash and restart
+    assert [int(row["step"]) for row in _metrics(tmp_path)] == [0, 1, 2, 3, 4, 5]
+    assert "finished: trained steps 0-5 (6 steps; 6 in this process)" in log
+    assert processes_of_run(tmp_path / "work") == []
 
 
 def test_ctrl_c_stops_every_process_of_the_run_agents_included_within_10_seconds(tmp_path: Path) -> None:
