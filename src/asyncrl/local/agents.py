@@ -6,6 +6,10 @@ variables, in the current directory and environment. Outcomes go to the gateway 
 reports Job outcomes: running, then succeeded (exit 0), failed (non-zero) or timed_out (killed at the
 rollout timeout). `maxJobsPerMinute` is an API-server protection and does not apply here; `maxActiveJobs`
 (default 32 locally) caps concurrent agents.
+
+Each agent runs in its own process group, which is killed whenever its task ends for any reason (timeout,
+cancellation, a gateway gone), so no agent outlives the run. When the gateway restarts (local mode restarts a
+dead one), the rollouts it held are gone: their agents are stopped, and the trainer redraws those rollouts.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from asyncrl.agent import AgentEnvironment
 from asyncrl.gateway.client import GatewayClient, GatewayError
@@ -76,33 +82,70 @@ class LocalAgents:
         self.log_dir = log_dir
         self.active = 0
         self.started = 0
+        self.stopped = 0  # agents killed by stop_all (the run ending), for the run's report
         self.template_error: str | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], str | None] = {}  # agent task -> gateway instance it works for
+        self._processes: set[asyncio.subprocess.Process] = set()
+        self._instance_id: str | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        """Process (and process group) ids of the agents running now."""
+        return [process.pid for process in self._processes if process.returncode is None]
 
     async def run(self) -> None:
         try:
             while True:
                 try:
+                    await self._follow_gateway_instance()
                     claimed = await self.gateway.claim(limit=64, wait_seconds=30, lease_seconds=600)
-                except GatewayError:
-                    raise
-                except Exception as error:  # the gateway restarting; try again shortly
-                    logger.debug("claim failed: %s", error)
-                    await asyncio.sleep(1.0)
+                except (httpx.TransportError, GatewayError) as error:
+                    if isinstance(error, GatewayError) and error.status < 500:
+                        raise
+                    logger.debug("claim failed (the gateway is restarting?): %s", error)
+                    await asyncio.sleep(0.5)
                     continue
                 for rollout in claimed:
                     await self.slots.acquire()
                     task = asyncio.create_task(self._run_one(rollout))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._tasks[task] = self._instance_id
+                    task.add_done_callback(self._forget)
         finally:
-            for task in list(self._tasks):
+            await self.stop_all()
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
+
+    async def _follow_gateway_instance(self) -> None:
+        """Stop the agents of rollouts a restarted gateway no longer holds (they could only fail)."""
+        instance_id = str((await self.gateway.stats())["instance_id"])
+        if self._instance_id is not None and instance_id != self._instance_id:
+            orphaned = [task for task, instance in self._tasks.items() if instance != instance_id]
+            for task in orphaned:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*orphaned, return_exceptions=True)
+            logger.warning("the gateway restarted; stopped %d agents of rollouts it lost", len(orphaned))
+        self._instance_id = instance_id
+
+    async def stop_all(self) -> int:
+        """Kill every running agent's process group and end their tasks; returns how many were running."""
+        running = self.pids
+        self.stopped += len(running)
+        for pid in running:
+            _kill_group(pid)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(running)
 
     async def _report(self, rollout_id: str, state: RolloutState, message: str | None = None) -> None:
-        with contextlib.suppress(GatewayError):  # 404/409: consumed or cancelled meanwhile
+        try:
             await self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
+        except GatewayError:  # 404/409: consumed or cancelled meanwhile, or lost with a restarted gateway
+            pass
+        except httpx.TransportError as error:
+            logger.info("rollout %s: could not report %s: %s", rollout_id, state, error)
 
     async def _run_one(self, rollout: RolloutView) -> None:
         try:
@@ -135,6 +178,7 @@ class LocalAgents:
         log_path = self.log_dir / f"{rollout.rollout_id}.log"
         self.active += 1
         self.started += 1
+        process: asyncio.subprocess.Process | None = None
         try:
             with log_path.open("wb") as log:
                 process = await asyncio.create_subprocess_exec(
@@ -145,18 +189,16 @@ class LocalAgents:
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,
                 )
+            self._processes.add(process)
             await self._report(rollout.rollout_id, RolloutState.RUNNING)
             timeout = rollout.timeout_seconds or self.timeout_seconds
             try:
                 code = await asyncio.wait_for(process.wait(), timeout=timeout)
             except TimeoutError:
-                _kill(process)
+                _kill_group(process.pid)
                 await process.wait()
                 await self._report(rollout.rollout_id, RolloutState.TIMED_OUT, f"killed after {timeout:.0f}s")
                 return
-            except asyncio.CancelledError:
-                _kill(process)
-                raise
             if code == 0:
                 await self._report(rollout.rollout_id, RolloutState.SUCCEEDED)
             else:
@@ -168,6 +210,11 @@ class LocalAgents:
                 rollout.rollout_id, RolloutState.FAILED, f"cannot start {argv[0]}: {error.strerror}"
             )
         finally:
+            # Whatever ended this task (cancellation, a gateway gone), its agent does not outlive it.
+            if process is not None:
+                if process.returncode is None:
+                    _kill_group(process.pid)
+                self._processes.discard(process)
             self.active -= 1
 
 
@@ -176,6 +223,7 @@ def _path_with_this_python() -> str:
     return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def _kill(process: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+def _kill_group(pid: int) -> None:
+    """SIGKILL an agent's process group (its pid is the group's id: each agent starts a new session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -3,7 +3,10 @@
 The same manifest that `kubectl apply` takes (validated by the same rules) runs as local processes: the
 gateway, the trainer (restarted after a crash, as the pod's restartPolicy would; it resumes from its
 checkpoint and recovers its window from the gateway), and one process per rollout from the agent template.
-A status line per step shows what `kubectl get atr` would. Ctrl-C stops everything and leaves no process.
+The gateway is restarted too when it dies (on the same port, a bounded number of times): the trainer notices
+the new instance and redraws what it lost. A status line per step shows what `kubectl get atr` would.
+Ctrl-C (or SIGTERM) stops every process group of the run, agents included, within a few seconds (SIGTERM,
+then SIGKILL after a short grace) and reports what it stopped.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import httpx
 import yaml
 
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
@@ -32,6 +36,10 @@ from asyncrl.testing.controlplane import free_port
 logger = logging.getLogger(__name__)
 
 TRAINER_RESTARTS = 3
+GATEWAY_RESTARTS = 5  # per run; a gateway that keeps dying ends the run
+STOP_GRACE_SECONDS = 3.0  # SIGTERM, then SIGKILL: Ctrl-C ends everything within seconds, also under load
+KILL_WAIT_SECONDS = 5.0
+RUN_MARKER_ENV_VAR = "ASYNCRL_LOCAL_RUN"
 COLUMNS = ("STEP", "ACTIVE", "CARRY-OVER", "MAX-AGE", "DRAIN", "REWARD", "RUNNING", "STEP-S")
 
 
@@ -71,40 +79,117 @@ def template_of(run: AsyncTrainingRun, manifest_path: Path) -> str:
 
 
 class _Process:
+    """One long-lived process of the run (gateway or trainer), in its own process group."""
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.name, self.argv, self.env, self.log_path = name, argv, env, log_path
         self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
 
     async def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 *self.argv, env=self.env, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True
             )
+        (self.log_path.parent / f"{self.name}.pid").write_text(f"{self.process.pid}\n")
 
-    async def stop(self, grace_seconds: float = 10.0) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.process.wait(), timeout=grace_seconds)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
+    async def wait(self) -> int:
+        assert self.process is not None
+        return await self.process.wait()
 
 
-async def _wait_ready(gateway: GatewayClient, process: _Process, timeout: float = 60.0) -> None:
+async def stop_process_groups(pids: list[int], *, grace_seconds: float) -> list[int]:
+    """SIGTERM these process groups together, SIGKILL what is left after the grace; return those still alive.
+
+    Each process of the run leads its own group (it started a new session), so a group holds the process and
+    everything it started. All groups get the signal at once: stopping takes one grace, not one per process.
+    """
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids):
+        await asyncio.sleep(0.05)
+    for pid in pids:
+        if _group_alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT_SECONDS
+    while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids):
+        await asyncio.sleep(0.05)
+    return [pid for pid in pids if _group_alive(pid)]
+
+
+def _signal_group(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
+def _group_alive(pid: int) -> bool:
+    """Whether any process of the group is still running (an unreaped leader counts until reaped)."""
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid) or _group_has_other_members(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _group_has_other_members(pgid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(stat.parent.name) != pgid and int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+class RunFailed(RuntimeError):
+    """A process of the run failed for good (the gateway kept dying); the message says which and where."""
+
+
+async def _start_gateway(gateway: _Process, client: GatewayClient, timeout: float = 60.0) -> None:
+    await gateway.start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert process.process is not None
-        if process.process.returncode is not None:
-            raise SystemExit(f"asyncrl local run: the gateway exited; see {process.log_path}")
-        with contextlib.suppress(Exception):
-            await gateway.state()
+        if not gateway.running:
+            raise RunFailed(f"the gateway exited; see {gateway.log_path}")
+        with contextlib.suppress(httpx.HTTPError):
+            await client.state()
             return
         await asyncio.sleep(0.1)
-    raise SystemExit(f"asyncrl local run: the gateway did not start; see {process.log_path}")
+    raise RunFailed(f"the gateway did not start within {timeout:.0f}s; see {gateway.log_path}")
+
+
+async def _supervise_gateway(gateway: _Process, client: GatewayClient, out: TextIO) -> None:
+    """Restart a dead gateway on its port, a bounded number of times, as the pod's restartPolicy would.
+
+    The trainer notices the new instance, registers its model servers again and redraws the rollouts the old
+    one held; the agents of those rollouts are stopped. Returns never; raises RunFailed when out of restarts.
+    """
+    for restart in range(1, GATEWAY_RESTARTS + 1):
+        code = await gateway.wait()
+        out.write(
+            f"gateway exited with {code}; restarting it ({restart} of {GATEWAY_RESTARTS}); the trainer "
+            "registers its model servers again and redraws the rollouts it lost\n"
+        )
+        out.flush()
+        logger.warning("gateway exited with %s; restart %d of %d", code, restart, GATEWAY_RESTARTS)
+        await asyncio.sleep(min(restart - 1, 5))  # back off from a gateway that dies right away
+        await _start_gateway(gateway, client)
+    code = await gateway.wait()
+    raise RunFailed(
+        f"the gateway exited with {code} after {GATEWAY_RESTARTS} restarts; see {gateway.log_path}"
+    )
 
 
 async def _status_lines(gateway: GatewayClient, agents: LocalAgents, out: TextIO) -> None:
@@ -138,7 +223,7 @@ async def run_locally(args: argparse.Namespace) -> int:
     manifest, run = load_manifest(args.manifest)
     template = template_of(run, args.manifest)
     name = run.name or "run"
-    work_dir = args.work_dir or Path(".asyncrl") / "local" / name
+    work_dir = (args.work_dir or Path(".asyncrl") / "local" / name).absolute()
     if work_dir.exists() and not args.resume:
         shutil.rmtree(work_dir)
     (work_dir / "agents").mkdir(parents=True, exist_ok=True)
@@ -146,11 +231,14 @@ async def run_locally(args: argparse.Namespace) -> int:
     key = secrets.token_urlsafe(32)
     gateway_port = free_port()
     gateway_url = f"http://127.0.0.1:{gateway_port}"
-    env = {**os.environ, KEY_ENV_VAR: key, "PYTHONUNBUFFERED": "1"}
+    # RUN_MARKER_ENV_VAR marks every process of the run (agents included, by inheritance), so a test or a
+    # user can tell that none is left: grep /proc/*/environ for it.
+    env = {**os.environ, KEY_ENV_VAR: key, "PYTHONUNBUFFERED": "1", RUN_MARKER_ENV_VAR: str(work_dir)}
+    os.environ[RUN_MARKER_ENV_VAR] = str(work_dir)  # agents inherit this process's environment
     cli = [sys.executable, "-m", "asyncrl.cli"]
     # The trainer registers its inference servers with the gateway when they are up (verl's vLLM replicas
     # pick their own ports), so the gateway starts without an upstream.
-    gateway_process = _Process(
+    gateway = _Process(
         "gateway",
         [
             *cli,
@@ -176,13 +264,15 @@ async def run_locally(args: argparse.Namespace) -> int:
     trainer = _Process("trainer", trainer_argv, env, work_dir / "trainer.log")
     out = sys.stdout
     out.write(f"asyncrl local run {name}: logs in {work_dir}/ (gateway.log, trainer.log, agents/)\n")
+    out.flush()
+    stop_signal = _StopSignal()
     tasks: list[asyncio.Task[Any]] = []
+    agents: LocalAgents | None = None
     try:
-        await gateway_process.start()
-        async with GatewayClient(gateway_url, key) as gateway:
-            await _wait_ready(gateway, gateway_process)
+        async with GatewayClient(gateway_url, key) as client:
+            await _start_gateway(gateway, client)
             agents = LocalAgents(
-                gateway=gateway,
+                gateway=client,
                 gateway_url=gateway_url,
                 gateway_key=key,
                 template=template,
@@ -193,26 +283,88 @@ async def run_locally(args: argparse.Namespace) -> int:
             )
             tasks = [
                 asyncio.create_task(agents.run()),
-                asyncio.create_task(_status_lines(gateway, agents, out)),
+                asyncio.create_task(_status_lines(client, agents, out)),
             ]
-            code = await _supervise_trainer(trainer, out)
+            trainer_done = asyncio.create_task(_supervise_trainer(trainer, out))
+            gateway_done = asyncio.create_task(_supervise_gateway(gateway, client, out))
+            stopped = asyncio.create_task(stop_signal.wait())
+            tasks += [trainer_done, gateway_done, stopped]
+            await asyncio.wait([trainer_done, gateway_done, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if stopped.done():
+                return stop_signal.exit_code
+            if gateway_done.done():
+                gateway_done.result()  # raises RunFailed
+            code = trainer_done.result()
             out.write(f"trainer finished with exit code {code}; metrics and logs in {work_dir}\n")
             return code
+    except RunFailed as error:
+        out.write(f"asyncrl local run: {error}; stopping the run\n")
+        return 1
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await trainer.stop()
-        await gateway_process.stop()
+        stop_signal.uninstall()
+        report = await _stop_everything(tasks, agents, trainer, gateway)
+        if stop_signal.received is not None:
+            out.write(f"\n{stop_signal.received}: {report}\n")
+        out.flush()
+
+
+class _StopSignal:
+    """Ctrl-C (SIGINT) or SIGTERM to `asyncrl local run`: end the run and every process it started."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.exit_code = 0
+        self._event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(signum, self._receive, signum)
+
+    def _receive(self, signum: signal.Signals) -> None:
+        if self.received is None:
+            self.received = "interrupted" if signum == signal.SIGINT else "terminated"
+            self.exit_code = 128 + signum
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def uninstall(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._loop.remove_signal_handler(signum)
+
+
+async def _stop_everything(
+    tasks: list[asyncio.Task[Any]], agents: LocalAgents | None, trainer: _Process, gateway: _Process
+) -> str:
+    """Stop the supervisors (nothing restarts), then every process group of the run; say what was stopped."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)  # the agents' task kills its agents on the way out
+    if agents is not None:
+        await agents.stop_all()
+    n_agents = agents.stopped if agents is not None else 0
+    running = [process for process in (trainer, gateway) if process.running]
+    pids = [process.process.pid for process in running if process.process is not None]
+    left = await stop_process_groups(pids, grace_seconds=STOP_GRACE_SECONDS)
+    for process in running:
+        if process.process is not None and process.process.pid not in left:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.process.wait(), timeout=KILL_WAIT_SECONDS)
+    stopped = [f"the {process.name} (pid {process.process.pid})" for process in running if process.process]
+    if n_agents:
+        stopped.append(f"{n_agents} agent{'s' if n_agents != 1 else ''}")
+    what = ", ".join(stopped) if stopped else "nothing was running"
+    if left:
+        return f"stopped {what}; still running, could not be killed: process groups {left}"
+    return f"stopped {what}; no process of the run is left"
 
 
 async def _supervise_trainer(trainer: _Process, out: TextIO) -> int:
     """Run the trainer; after a crash restart it (it resumes), as the trainer pod's restartPolicy does."""
+    code = 0
     for attempt in range(TRAINER_RESTARTS + 1):
         await trainer.start()
-        assert trainer.process is not None
-        (trainer.log_path.parent / "trainer.pid").write_text(f"{trainer.process.pid}\n")
-        code = await trainer.process.wait()
+        code = await trainer.wait()
         if code == 0:
             return 0
         if attempt < TRAINER_RESTARTS:
@@ -226,6 +378,6 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         return asyncio.run(run_locally(args))
-    except KeyboardInterrupt:
-        sys.stdout.write("\ninterrupted; every process of the run was stopped\n")
+    except KeyboardInterrupt:  # before the run's own handler was installed; nothing was started yet
+        sys.stdout.write("\ninterrupted\n")
         return 130

@@ -25,6 +25,9 @@ class LoopState:
     step: int  # the next step to run (= the version of the saved weights)
     data_epoch: int
     data_offset: int
+    # Groups the saved update trained on. The loop deletes them from the gateway right after saving; a
+    # trainer that dies in between finds them there on restart and must delete, not train, them again.
+    consumed_group_ids: tuple[str, ...] = ()
 
     @property
     def data_position(self) -> DataPosition:
@@ -54,7 +57,9 @@ def latest_checkpoint(root: Path) -> tuple[Path, LoopState] | None:
     for marker in sorted(root.glob("step-*.json"), reverse=True):
         path = root / marker.stem
         if path.is_dir():
-            return path, LoopState(**json.loads(marker.read_text()))
+            fields = json.loads(marker.read_text())
+            fields["consumed_group_ids"] = tuple(fields.get("consumed_group_ids", ()))
+            return path, LoopState(**fields)
     return None
 
 

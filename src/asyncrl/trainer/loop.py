@@ -2,9 +2,14 @@
 
 It ties the pure window (what to draw, what to train on, what carries over) to its I/O: the gateway (rollouts
 are created there, completions arrive through its feed, it is paused around each update), the backend (the
-update) and the metrics sinks. The gateway outlives the trainer container, so on start the loop rebuilds its
-window from the gateway's rollouts and continues from the latest checkpoint: a restart loses no carried-over
-group.
+update) and the metrics sinks.
+
+Restarts lose nothing they need not (`asyncrl.trainer.recovery` holds the rules). A restarted trainer
+continues from its latest checkpoint: steps whose update was lost are redone, never counted as done, and the
+window is rebuilt from the gateway, which outlives the trainer container. A restarted gateway has lost its
+rollouts: the loop notices (a connection error, or a new `instance_id` in its stats), registers the model
+servers again and redraws the groups it lost as new rollouts; a step's data is fetched before the window
+commits the update, so nothing is trained twice and the step counter just continues.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +25,8 @@ from typing import Any
 
 import httpx
 
-from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import CompletionEntry, RolloutCreate, RolloutView, WindowSummary
+from asyncrl.gateway.client import GatewayClient, GatewayError, PauseResult
+from asyncrl.gateway.models import CompletionEntry, RolloutCreate, WindowSummary
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
@@ -30,12 +34,26 @@ from asyncrl.trainer.checkpoints import LoopState, latest_checkpoint, save_check
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.failures import RunFailed
 from asyncrl.trainer.metrics import MetricsSinks, spread
+from asyncrl.trainer.recovery import groups_of, plan_resync
 from asyncrl.trainer.rows import TrainingRow
 from asyncrl.trainer.window import Group, RolloutWindow, WindowConfig
 
 logger = logging.getLogger(__name__)
 
 EVENT_FETCH_CONCURRENCY = 16
+COMPLETIONS_WAIT_SECONDS = (
+    30.0  # one long-poll; an empty answer doubles as a check that the gateway is the same
+)
+GATEWAY_POLL_SECONDS = 0.5  # how often an unreachable gateway is tried again
+MAX_GATEWAY_RECOVERIES_PER_STEP = 10  # more means the gateway fails for another reason: give up loudly
+
+# What a gateway that died or restarted looks like to a call: no connection, or a 5xx while it starts.
+# A 404 for a rollout we created means the same once the instance id confirms a restart.
+GatewayFailure = (httpx.TransportError, GatewayError)
+
+
+class GatewayRestarted(RuntimeError):
+    """The gateway answers as a new instance: the rollouts, feed and upstreams it held are gone."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +66,37 @@ class LoopSettings:
     checkpoint_every_steps: int
     retry_after_seconds: int = 5
     drain_timeout_seconds: float = 300.0
-    gateway_wait_seconds: float = 300.0
+    gateway_wait_seconds: float = 300.0  # how long an unreachable gateway is waited for, each time
     max_failed_steps: int | None = 3  # consecutive steps with nothing to train before the run fails
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What `StepLoop.run` did: steps `first_step` .. `next_step - 1` were trained by this process."""
+
+    first_step: int  # where this process started (the checkpoint's step; 0 for a fresh run)
+    next_step: int  # the next step to run: the number of steps the run has trained in total
+    steps_run: int  # updates this process ran
+
+    def describe(self) -> str:
+        resumed = f", resumed at step {self.first_step}" if self.first_step else ""
+        if self.next_step == 0:
+            return "trained no step"
+        return (
+            f"trained steps 0-{self.next_step - 1} ({self.next_step} steps; "
+            f"{self.steps_run} in this process{resumed})"
+        )
+
+
+@dataclass(frozen=True)
+class _PreparedUpdate:
+    """A step's update, fetched but not yet committed to the window."""
+
+    groups: tuple[Group, ...]
+    rows: list[TrainingRow]
+    counts: AdapterCounts
+    drain: PauseResult
+    wait_started: float
 
 
 class StepLoop:
@@ -71,40 +118,99 @@ class StepLoop:
         self.step = 0
         self._cursor = 0
         self._timings: dict[str, CompletionEntry] = {}
+        self._inputs: dict[str, Any] = {}  # group id -> its prompt row, to redraw a group a gateway lost
+        self._instance_id: str | None = None  # the gateway instance that holds our rollouts
+        self._resync_needed = False  # a gateway call failed: the window may not match the gateway
         self._first_epoch_only = settings.total_steps is None
         self._failed_steps = 0  # consecutive steps whose consumed groups held nothing to train on
 
-    # -- start and recovery -------------------------------------------------------------------------------
+    # -- the gateway's lifetime ---------------------------------------------------------------------------
 
-    async def wait_for_gateway(self) -> None:
+    async def wait_for_gateway(self) -> str:
+        """Wait (bounded) until the gateway answers; return its instance id."""
         deadline = time.monotonic() + self.settings.gateway_wait_seconds
+        logged = False
         while True:
             try:
-                await self.gateway.state()
-                return
-            except (httpx.TransportError, GatewayError) as error:
+                stats = await self.gateway.stats()
+                return str(stats["instance_id"])
+            except GatewayFailure as error:
+                if isinstance(error, GatewayError) and error.status < 500:
+                    raise
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"the gateway did not answer within {self.settings.gateway_wait_seconds}s"
+                        f"the gateway did not answer within {self.settings.gateway_wait_seconds:.0f}s: "
+                        f"{error}"
                     ) from error
-                logger.info("waiting for the gateway: %s", error)
-                await asyncio.sleep(1.0)
+                if not logged:
+                    logger.warning(
+                        "the gateway does not answer (%s); trying every %.1fs for up to %.0fs",
+                        error or type(error).__name__,
+                        GATEWAY_POLL_SECONDS,
+                        self.settings.gateway_wait_seconds,
+                    )
+                    logged = True
+                await asyncio.sleep(GATEWAY_POLL_SECONDS)
+
+    async def connect(self) -> None:
+        """Register the model servers with the gateway and remember which gateway instance holds our work."""
+        instance_id = await self.wait_for_gateway()
+        # The gateway forwards agents' calls to the backend's servers, which exist only now (verl's vLLM
+        # replicas pick their own ports); a restarted gateway has forgotten them.
+        await self.gateway.set_upstreams(self.backend.serve_urls, model=self.backend.served_model)
+        self._instance_id = instance_id
+
+    async def _gateway_restarted(self) -> bool:
+        """Whether the gateway now answering is another instance than the one holding our rollouts."""
+        return await self.wait_for_gateway() != self._instance_id
+
+    async def _sync_with_gateway(self, step: int) -> None:
+        """Before collecting: adopt a restarted gateway, and resync the window after any gateway failure.
+
+        `_resync_needed` stays set until a resync completed, so a gateway that fails again halfway through
+        is synced again on the next try, never trusted with a window it does not hold.
+        """
+        if await self._gateway_restarted():
+            logger.warning(
+                "step %d: the gateway restarted and lost its rollouts; registering the model servers again "
+                "and redrawing the %d groups it held as new rollouts",
+                step,
+                len(self.window.active_groups),
+            )
+            await self.connect()
+            await self.gateway.resume(model_version=self.backend.model_version)
+            self._resync_needed = True
+        if self._resync_needed:
+            await self._resync(step)
+            self._resync_needed = False
+
+    # -- start and recovery -------------------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Continue from the latest checkpoint, with the window as the gateway holds it."""
+        """Continue from the latest checkpoint, with the window as the gateway holds it.
+
+        The step is the checkpoint's: updates after it were lost with the old process, so those steps run
+        again. Groups drawn by the lost steps stay in the window, counted as drawn at the checkpoint's step.
+        """
+        consumed: tuple[str, ...] = ()
         if self.settings.checkpoint_dir is not None:
             found = latest_checkpoint(self.settings.checkpoint_dir)
             if found is not None:
                 path, state = found
                 self.step = await self.backend.load_checkpoint(path)
                 self.prompts = self.prompts.at(state.data_position)
+                consumed = state.consumed_group_ids
                 logger.info("resumed from checkpoint %s (step %d)", path, self.step)
+        self.sinks.discard_from(self.step)
         rollouts, self._cursor = await self.gateway.list_rollouts()
-        groups = _groups_of(rollouts)
+        trained = [rollout for rollout in rollouts if rollout.group_id in set(consumed)]
+        if trained:  # the checkpoint's update trained them; the old process died before deleting them
+            await self.gateway.delete_rollouts(rollout.rollout_id for rollout in trained)
+            rollouts = [rollout for rollout in rollouts if rollout.group_id not in set(consumed)]
+        groups = groups_of(rollouts, resume_step=self.step)
         if groups:
             self.window = RolloutWindow.restore(self.settings.window, groups)
-            newest = max(group.enqueued_step for group in groups)
-            self.step = max(self.step, newest)
+            self._inputs = {rollout.group_id: rollout.input for rollout in rollouts}
             logger.info(
                 "recovered %d active groups (%d complete) from the gateway; continuing at step %d",
                 len(groups),
@@ -112,23 +218,36 @@ class StepLoop:
                 self.step,
             )
 
+    async def _resync(self, step: int) -> None:
+        """Make the window and the gateway agree: keep whole groups, redraw lost ones, clean up strays."""
+        rollouts, cursor = await self.gateway.list_rollouts()
+        plan = plan_resync(self.window.active_groups, rollouts)
+        for rollout_id in plan.to_cancel:
+            await self._cancel_rollout(rollout_id, reason="its group was redrawn after a gateway failure")
+        if plan.to_delete:
+            await self.gateway.delete_rollouts(plan.to_delete)
+        lost = self.window.drop_groups(plan.lost_groups)
+        for rollout_id, state in plan.terminal_states.items():
+            self.window.record_terminal(rollout_id, state)
+        self._cursor = cursor
+        if lost:
+            await self._create_groups(step, [self._inputs.pop(group.group_id) for group in lost])
+            logger.info("step %d: redrew %d groups the gateway lost, as new rollouts", step, len(lost))
+
     # -- the loop -----------------------------------------------------------------------------------------
 
-    async def run(self) -> int:
-        """Run steps until totalSteps, or until one pass over the data is trained on; returns steps run."""
-        await self.wait_for_gateway()
-        # The gateway forwards agents' calls to the backend's servers, which exist only now (verl's vLLM
-        # replicas pick their own ports), and resumes only below.
-        await self.gateway.set_upstreams(self.backend.serve_urls, model=self.backend.served_model)
+    async def run(self) -> RunResult:
+        """Run steps until totalSteps, or until one pass over the data is trained on."""
+        await self.connect()
         await self.recover()
         await self.gateway.resume(model_version=self.backend.model_version)
-        steps_run = 0
+        first_step, steps_run = self.step, 0
         while self.settings.total_steps is None or self.step < self.settings.total_steps:
             if not await self._run_step():
                 break
             steps_run += 1
         await self._finish()
-        return steps_run
+        return RunResult(first_step=first_step, next_step=self.step, steps_run=steps_run)
 
     async def _run_step(self) -> bool:
         """One step; False when there is nothing left to train on."""
@@ -137,13 +256,104 @@ class StepLoop:
         window.begin_step(step=step)
         stale = window.apply_staleness_policy(step=step)
         if stale:
-            await self._cancel(stale, reason=f"older than maxCarryOverAgeSteps at step {step}")
+            try:
+                await self._cancel(stale, reason=f"older than maxCarryOverAgeSteps at step {step}")
+            except GatewayFailure as error:  # the next sync cleans up what stays behind
+                logger.warning("step %d: cancelling stale groups failed: %s", step, error)
+                self._resync_needed = True
+        prepared = await self._prepare_update_surviving_the_gateway(step)
+        if prepared is None:
+            return False
+        batch = window.take_update_batch(step=step)
+        assert batch.consumed == prepared.groups, "the window changed between fetching and taking the batch"
+        update = await self._update(prepared.rows, step)
+        drain = prepared.drain
+        summary = batch.summary.with_drain(
+            inflight_at_pause=drain.inflight_at_pause, drain_seconds=drain.drain_seconds
+        )
+        consumed_ids = [rollout_id for group in batch.consumed for rollout_id in group.rollout_ids]
+        metrics = {
+            **summary.metrics(),
+            **self._timing_metrics(consumed_ids),
+            **prepared.counts.metrics(),
+            **(update.as_dict() if update is not None else {}),
+            "training/reward_mean": _mean([row.reward for row in prepared.rows]),
+            "timing/step_seconds": time.monotonic() - started,
+            "timing/update_phase_seconds": time.monotonic() - prepared.wait_started,
+        }
+        # Logged before the checkpoint: a crash in between redoes the step, and the restart drops its line.
+        self.sinks.log(step, metrics)
+        self.step = step + 1
+        for group in batch.consumed:
+            self._inputs.pop(group.group_id, None)
+        if self.settings.checkpoint_dir is not None and self.step % self.settings.checkpoint_every_steps == 0:
+            await self._save_checkpoint(consumed=batch.consumed)
+        try:
+            await self.gateway.resume(model_version=self.backend.model_version)
+            await self.gateway.delete_rollouts(consumed_ids)
+            await self.gateway.put_summary(
+                WindowSummary(
+                    step=step,
+                    metrics=metrics,
+                    carry_over_age_histogram={
+                        str(age): n for age, n in summary.carry_over_age_histogram.items()
+                    },
+                    active_groups=len(window.active_groups),
+                )
+            )
+        except GatewayFailure as error:
+            # The update is done and counted; the next step syncs with whatever gateway answers then.
+            logger.warning("step %d: reporting the step to the gateway failed: %s", step, error)
+            self._resync_needed = True
+        for rollout_id in consumed_ids:
+            self._timings.pop(rollout_id, None)
+        logger.info(
+            "step %d: reward %.3f, completed %d, carried %d (max age %d), drain %.3fs, step %.1fs",
+            step,
+            metrics["training/reward_mean"],
+            summary.n_completed_rollouts,
+            summary.n_new_carry_over_rollouts,
+            summary.new_carry_over_age_max_steps,
+            summary.proxy_drain_seconds,
+            metrics["timing/step_seconds"],
+        )
+        self._count_failed_step(step, batch.consumed, n_rows=len(prepared.rows))
+        return True
+
+    async def _prepare_update_surviving_the_gateway(self, step: int) -> _PreparedUpdate | None:
+        """`_prepare_update`, run again after the gateway failed or restarted; the window stays consistent.
+
+        A restarted gateway also shows as a 404 for a rollout we created, so a 404 is retried after a sync
+        (a real 404 fails the step after a bounded number of tries); other 4xx answers are real errors.
+        """
+        for _ in range(MAX_GATEWAY_RECOVERIES_PER_STEP):
+            try:
+                await self._sync_with_gateway(step)
+                return await self._prepare_update(step)
+            except (*GatewayFailure, GatewayRestarted) as error:
+                if isinstance(error, GatewayError) and error.status < 500 and error.status != 404:
+                    raise
+                logger.warning(
+                    "step %d: the gateway failed (%s); syncing with it and continuing", step, error
+                )
+                self._resync_needed = True
+        raise RuntimeError(
+            f"step {step}: the gateway failed {MAX_GATEWAY_RECOVERIES_PER_STEP} times in one step; giving up"
+        )
+
+    async def _prepare_update(self, step: int) -> _PreparedUpdate | None:
+        """Fill the window, wait for enough complete groups, pause and drain, fetch the batch's data.
+
+        Changes the window only by drawing and recording completions, so after a gateway failure it can run
+        again for the same step. None when there is nothing left to train on.
+        """
+        window = self.window
         await self._draw(step)
         if not window.active_groups:
-            return False  # the data is used up and nothing is in flight
+            return None  # the data is used up and nothing is in flight
         while not window.ready_for_update():
             if self._data_exhausted() and not self._can_still_complete():
-                return False
+                return None
             await self._consume_completions()
         wait_started = time.monotonic()
         drain = await self.gateway.pause(
@@ -158,55 +368,11 @@ class StepLoop:
                 drain.inflight,
                 self.settings.drain_timeout_seconds,
             )
-        batch = window.take_update_batch(step=step)
-        rows, counts = await self._rows_of(batch.consumed)
-        update = await self._update(rows, step)
-        summary = batch.summary.with_drain(
-            inflight_at_pause=drain.inflight_at_pause, drain_seconds=drain.drain_seconds
+        groups = window.update_groups()
+        rows, counts = await self._rows_of(groups)
+        return _PreparedUpdate(
+            groups=groups, rows=rows, counts=counts, drain=drain, wait_started=wait_started
         )
-        consumed_ids = [rollout_id for group in batch.consumed for rollout_id in group.rollout_ids]
-        metrics = {
-            **summary.metrics(),
-            **self._timing_metrics(consumed_ids),
-            **counts.metrics(),
-            **(update.as_dict() if update is not None else {}),
-            "training/reward_mean": _mean([row.reward for row in rows]),
-            "timing/step_seconds": time.monotonic() - started,
-            "timing/update_phase_seconds": time.monotonic() - wait_started,
-        }
-        self.step = step + 1
-        if self.settings.checkpoint_dir is not None and self.step % self.settings.checkpoint_every_steps == 0:
-            position = self.prompts.position
-            await save_checkpoint(
-                self.settings.checkpoint_dir,
-                self.backend,
-                LoopState(step=self.step, data_epoch=position.epoch, data_offset=position.offset),
-            )
-        await self.gateway.resume(model_version=self.backend.model_version)
-        await self.gateway.delete_rollouts(consumed_ids)
-        for rollout_id in consumed_ids:
-            self._timings.pop(rollout_id, None)
-        await self.gateway.put_summary(
-            WindowSummary(
-                step=step,
-                metrics=metrics,
-                carry_over_age_histogram={str(age): n for age, n in summary.carry_over_age_histogram.items()},
-                active_groups=len(window.active_groups),
-            )
-        )
-        self.sinks.log(step, metrics)
-        self._count_failed_step(step, batch.consumed, n_rows=len(rows))
-        logger.info(
-            "step %d: reward %.3f, completed %d, carried %d (max age %d), drain %.3fs, step %.1fs",
-            step,
-            metrics["training/reward_mean"],
-            summary.n_completed_rollouts,
-            summary.n_new_carry_over_rollouts,
-            summary.new_carry_over_age_max_steps,
-            summary.proxy_drain_seconds,
-            metrics["timing/step_seconds"],
-        )
-        return True
 
     def _count_failed_step(self, step: int, consumed: Sequence[Group], *, n_rows: int) -> None:
         """A step fails when no consumed rollout succeeded or nothing was trainable; too many in a row end
@@ -233,19 +399,34 @@ class StepLoop:
             )
 
     async def _finish(self) -> None:
-        leftover = list(self.window.active_groups)
-        if leftover:
-            await self._cancel(leftover, reason="the run finished")
+        try:
+            if await self._gateway_restarted():
+                await self.connect()  # what the new gateway holds is not ours; nothing to cancel
+            else:
+                leftover = list(self.window.active_groups)
+                if leftover:
+                    await self._cancel(leftover, reason="the run finished")
+        except GatewayFailure as error:
+            logger.warning("cancelling the unfinished groups failed: %s", error)
         if self.settings.checkpoint_dir is not None:
-            position = self.prompts.position
-            await save_checkpoint(
-                self.settings.checkpoint_dir,
-                self.backend,
-                LoopState(step=self.step, data_epoch=position.epoch, data_offset=position.offset),
-            )
+            await self._save_checkpoint(consumed=())
         await self.gateway.resume(model_version=self.backend.model_version)
 
     # -- pieces -------------------------------------------------------------------------------------------
+
+    async def _save_checkpoint(self, *, consumed: Sequence[Group]) -> None:
+        assert self.settings.checkpoint_dir is not None
+        position = self.prompts.position
+        await save_checkpoint(
+            self.settings.checkpoint_dir,
+            self.backend,
+            LoopState(
+                step=self.step,
+                data_epoch=position.epoch,
+                data_offset=position.offset,
+                consumed_group_ids=tuple(group.group_id for group in consumed),
+            ),
+        )
 
     def _data_exhausted(self) -> bool:
         return self._first_epoch_only and self.prompts.position.epoch > 0
@@ -255,16 +436,26 @@ class StepLoop:
         return any(not group.is_complete for group in self.window.active_groups)
 
     async def _draw(self, step: int) -> None:
-        creations: list[RolloutCreate] = []
-        groups: list[tuple[str, list[str]]] = []
+        rows: list[Any] = []
         for _ in range(self.window.groups_to_draw()):
             position = self.prompts.position
             if self._first_epoch_only and position.offset >= self.prompts.n_rows:
                 break  # one pass over the data is drawn
             _, row = self.prompts.draw()
+            rows.append(row)
+        await self._create_groups(step, rows)
+
+    async def _create_groups(self, step: int, rows: Sequence[Any]) -> None:
+        """New groups (new ids) for these prompts: in the window first, then in the gateway.
+
+        Should creating them fail, the window holds groups the gateway lacks, which `_resync` redraws.
+        """
+        creations: list[RolloutCreate] = []
+        for row in rows:
             group_id = f"s{step}-{uuid.uuid4().hex[:12]}"
             rollout_ids = [f"{group_id}-r{index}" for index in range(self.settings.window.rollout_n)]
-            groups.append((group_id, rollout_ids))
+            self.window.add_group(group_id=group_id, rollout_ids=rollout_ids, step=step)
+            self._inputs[group_id] = row
             creations += [
                 RolloutCreate(
                     rollout_id=rollout_id,
@@ -277,39 +468,43 @@ class StepLoop:
             ]
         if creations:
             await self.gateway.create_rollouts(creations)
-        for group_id, rollout_ids in groups:
-            self.window.add_group(group_id=group_id, rollout_ids=rollout_ids, step=step)
 
     async def _consume_completions(self) -> None:
         try:
-            page = await self.gateway.completions(after=self._cursor, wait_seconds=30)
+            page = await self.gateway.completions(after=self._cursor, wait_seconds=COMPLETIONS_WAIT_SECONDS)
         except GatewayError as error:
             if error.status != 410:
                 raise
-            await self._resync()
+            await self._resync_terminal_states()
             return
+        if not page.entries and await self._gateway_restarted():
+            # A restarted gateway's feed starts again below our cursor and would never answer it.
+            raise GatewayRestarted("the gateway answers with a new instance id")
         self._cursor = page.cursor
         for entry in page.entries:
             self._timings[entry.rollout_id] = entry
             self.window.record_terminal(entry.rollout_id, entry.state)
 
-    async def _resync(self) -> None:
+    async def _resync_terminal_states(self) -> None:
         """The feed moved past our cursor: take terminal states from the rollout listing instead."""
         rollouts, self._cursor = await self.gateway.list_rollouts()
         for rollout in rollouts:
             if rollout.state.is_terminal:
                 self.window.record_terminal(rollout.rollout_id, rollout.state)
 
+    async def _cancel_rollout(self, rollout_id: str, *, reason: str) -> None:
+        try:
+            await self.gateway.transition(rollout_id, RolloutState.CANCELLED, message=reason)
+        except GatewayError as error:
+            if error.status not in (404, 409):
+                raise
+
     async def _cancel(self, groups: Sequence[Group], *, reason: str) -> None:
         for group in groups:
+            self._inputs.pop(group.group_id, None)
             for rollout_id in group.rollout_ids:
-                if rollout_id in group.terminal_states:
-                    continue
-                try:
-                    await self.gateway.transition(rollout_id, RolloutState.CANCELLED, message=reason)
-                except GatewayError as error:
-                    if error.status not in (404, 409):
-                        raise
+                if rollout_id not in group.terminal_states:
+                    await self._cancel_rollout(rollout_id, reason=reason)
         logger.info("cancelled %d groups: %s", len(groups), reason)
 
     async def _rows_of(self, groups: Sequence[Group]) -> tuple[list[TrainingRow], AdapterCounts]:
@@ -347,25 +542,6 @@ class StepLoop:
             **spread("timing/rollout_queue_wait_seconds", waits),
             **spread("timing/rollout_run_seconds", runs),
         }
-
-
-def _groups_of(rollouts: Sequence[RolloutView]) -> list[Group]:
-    members: dict[str, list[RolloutView]] = defaultdict(list)
-    for rollout in rollouts:
-        members[rollout.group_id].append(rollout)
-    groups = []
-    for group_id, views in members.items():
-        views.sort(key=lambda view: view.rollout_id)
-        groups.append(
-            Group(
-                group_id=group_id,
-                enqueued_step=min(view.step for view in views),
-                rollout_ids=tuple(view.rollout_id for view in views),
-                terminal_states={view.rollout_id: view.state for view in views if view.state.is_terminal},
-            )
-        )
-    groups.sort(key=lambda group: (group.enqueued_step, group.group_id))
-    return groups
 
 
 def _mean(values: Sequence[float]) -> float:

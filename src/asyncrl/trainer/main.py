@@ -176,8 +176,8 @@ async def train(args: argparse.Namespace) -> int:
     try:
         async with GatewayClient(args.gateway_url, key) as gateway:
             loop = StepLoop(settings=settings, gateway=gateway, backend=backend, prompts=prompts, sinks=sinks)
-            steps = await loop.run()
-        logger.info("finished after %d steps (next step %d)", steps, loop.step)
+            result = await loop.run()
+        logger.info("finished: %s", result.describe())
     finally:
         sinks.close()
         await backend.stop()

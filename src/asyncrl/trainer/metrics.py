@@ -43,6 +43,27 @@ class JsonLinesSink:
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
 
+    def discard_from(self, step: int) -> int:
+        """Drop the lines of `step` and later: a restarted trainer redoes those steps (their updates were
+        lost), so the file keeps one line per step, in order. Returns the lines dropped."""
+        self._file.close()
+        kept, dropped = [], 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                logged_step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                dropped += 1  # a line cut short by the crash
+                continue
+            if logged_step >= step:
+                dropped += 1
+            else:
+                kept.append(line + "\n")
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text("".join(kept), encoding="utf-8")
+        temporary.replace(self.path)
+        self._file = self.path.open("a", encoding="utf-8")
+        return dropped
+
     def close(self) -> None:
         self._file.close()
 
@@ -111,6 +132,14 @@ class MetricsSinks:
                 sink.log(step, metrics)
             except Exception as error:  # a metrics backend must never stop training
                 logger.warning("metrics sink %s failed at step %d: %s", type(sink).__name__, step, error)
+
+    def discard_from(self, step: int) -> None:
+        """Forget logged steps from `step` on where a sink can (the JSON-lines file); see JsonLinesSink."""
+        for sink in self.sinks:
+            if isinstance(sink, JsonLinesSink):
+                dropped = sink.discard_from(step)
+                if dropped:
+                    logger.info("dropped %d metrics lines of steps >= %d from %s", dropped, step, sink.path)
 
     def close(self) -> None:
         for sink in self.sinks:

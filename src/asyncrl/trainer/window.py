@@ -306,6 +306,31 @@ class RolloutWindow:
             group.is_complete for group in self._groups.values()
         )
 
+    def update_groups(self) -> tuple[Group, ...]:
+        """The groups `take_update_batch` would consume now, in completion order (none when not ready).
+
+        The caller fetches their data before committing the update, so a failure while fetching leaves the
+        window as it was and the step can continue.
+        """
+        if not self.ready_for_update():
+            return ()
+        complete = sorted(
+            (group for group in self._groups.values() if group.is_complete), key=_completion_order
+        )
+        return tuple(complete[: self._config.train_batch_size])
+
+    def drop_groups(self, group_ids: Iterable[str]) -> list[Group]:
+        """Remove these groups (e.g. their rollouts were lost with a restarted gateway); return them.
+
+        Allowed at any time; unknown ids are ignored. The caller redraws their prompts as new groups.
+        """
+        dropped = [
+            self._groups[group_id] for group_id in dict.fromkeys(group_ids) if group_id in self._groups
+        ]
+        for group in dropped:
+            self._remove(group)
+        return dropped
+
     def take_update_batch(self, *, step: int) -> UpdateBatch:
         """Consume the first trainBatchSize complete groups in completion order; carry every other group over.
 
@@ -319,10 +344,7 @@ class RolloutWindow:
                 f"active groups complete, {self._config.train_batch_size} needed"
                 + ("" if self._config.async_enabled else " and every group complete (sync mode)")
             )
-        complete = sorted(
-            (group for group in self._groups.values() if group.is_complete), key=_completion_order
-        )
-        consumed = tuple(complete[: self._config.train_batch_size])
+        consumed = self.update_groups()
         for group in consumed:
             self._remove(group)
         carried_over = tuple(_snapshot(group) for group in self._groups.values())

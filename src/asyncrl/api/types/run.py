@@ -115,11 +115,29 @@ def _lookup(document: Mapping[str, Any], path: str) -> Any:
     return value
 
 
+# Scalar types the CRD's schema enforces without coercion; local mode's message says what was given instead.
+_EXPECTED_SCALARS = {
+    "bool_type": "a boolean (true or false)",
+    "int_type": "an integer",
+    "float_type": "a number",
+}
+
+
+def _scalar_message(detail: ErrorDetails) -> str | None:
+    expected = _EXPECTED_SCALARS.get(detail["type"])
+    if expected is None:
+        return None
+    given = detail.get("input")
+    if isinstance(given, str):
+        return f"must be {expected}, not the string {given!r}"
+    return f"must be {expected}, not {type(given).__name__} {given!r}"
+
+
 def _field_error(detail: ErrorDetails) -> FieldError:
     location = [str(part) if isinstance(part, str) else f"[{part}]" for part in detail["loc"]]
     cause = detail.get("ctx", {}).get("error")
     if isinstance(cause, FieldRuleError):
         location.extend(cause.field_path)
-    message = str(cause) if isinstance(cause, ValueError) else detail["msg"]
+    message = str(cause) if isinstance(cause, ValueError) else _scalar_message(detail) or detail["msg"]
     path = ".".join(location).replace(".[", "[")
     return FieldError(path=path, message=message)

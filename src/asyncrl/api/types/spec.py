@@ -3,7 +3,9 @@
 Every field's description becomes the CRD's field description and the reference docs, so it is written for
 the person filling in the manifest. The cross-field rules come from `asyncrl.api.types.rules`: attached here
 as CEL for the API server, and checked by the validators beside them with the same message, so a manifest
-that `kubectl apply` rejects is rejected by local mode too.
+that `kubectl apply` rejects is rejected by local mode too. Scalars are strict (`strict=True`) for the same
+reason: the API server's schema does not read `"yes"` as a boolean or `"4"` as an integer, so neither does
+local mode.
 """
 
 from __future__ import annotations
@@ -126,8 +128,10 @@ class DataSpec(ApiModel):
         min_length=1,
         description="A JSON-lines or JSON-array file of rows on a volume mounted in the trainer pod.",
     )
-    shuffle: bool = Field(default=True, description="Shuffle the rows before each pass over the data.")
-    seed: int = Field(default=0, ge=0, description="Seed of the shuffle.")
+    shuffle: bool = Field(
+        strict=True, default=True, description="Shuffle the rows before each pass over the data."
+    )
+    seed: int = Field(strict=True, default=0, ge=0, description="Seed of the shuffle.")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> Self:
@@ -142,6 +146,7 @@ class RolloutSpec(ApiModel):
     """How each prompt is rolled out."""
 
     n: int = Field(
+        strict=True,
         default=4,
         ge=1,
         description=(
@@ -155,10 +160,12 @@ class AsyncSpec(ApiModel):
     """Asynchronous collection: more prompt groups in flight than an update consumes; the rest carry over."""
 
     enabled: bool = Field(
+        strict=True,
         default=False,
         description="Turn asynchronous collection on; off, every update waits for all groups of its batch.",
     )
     async_train_batch_size: int | None = Field(
+        strict=True,
         default=None,
         ge=1,
         le=MAX_ASYNC_TRAIN_BATCH_SIZE,
@@ -168,6 +175,7 @@ class AsyncSpec(ApiModel):
         ),
     )
     max_carry_over_age_steps: int | None = Field(
+        strict=True,
         default=None,
         ge=1,
         description=(
@@ -200,6 +208,7 @@ class RolloutCorrectionSpec(ApiModel):
         description="`token` or `sequence` level importance sampling, or `off`.",
     )
     threshold: float = Field(
+        strict=True,
         default=2.0,
         gt=1,
         description="Upper bound of the importance-sampling weights (rollout_is_threshold).",
@@ -237,7 +246,9 @@ class CheckpointSpec(ApiModel):
         min_length=1,
         description="PersistentVolumeClaim for checkpoints; unset keeps them in the pod (lost with it).",
     )
-    every_steps: int = Field(default=10, ge=1, description="Save a checkpoint every this many updates.")
+    every_steps: int = Field(
+        strict=True, default=10, ge=1, description="Save a checkpoint every this many updates."
+    )
 
 
 class TrainerSpec(ApiModel):
@@ -258,6 +269,7 @@ class TrainerSpec(ApiModel):
         ),
     )
     gpus: int = Field(
+        strict=True,
         default=1,
         ge=0,
         description="GPUs of the trainer pod, shared by inference and training; 0 for the reference backend.",
@@ -272,7 +284,9 @@ class TrainerSpec(ApiModel):
     )
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Where and how often checkpoints are saved.")
     fill_reward: float = Field(
-        default=0.0, description="Reward given to rollouts that failed or timed out without a reward."
+        strict=True,
+        default=0.0,
+        description="Reward given to rollouts that failed or timed out without a reward.",
     )
     level: SampleLevel = Field(
         default=SampleLevel.TRAJECTORY,
@@ -294,13 +308,18 @@ class GatewaySpec(ApiModel):
     image: str = Field(
         default="ghcr.io/asyncrl/gateway:0.1.0", min_length=1, description="Container image of the gateway."
     )
-    port: int = Field(default=8090, ge=1, le=65535, description="Port of the gateway and its Service.")
+    port: int = Field(
+        strict=True, default=8090, ge=1, le=65535, description="Port of the gateway and its Service."
+    )
     key_secret_ref: GatewayKeySecretRef | None = Field(
         default=None,
         description="Secret key holding the gateway key; unset, the operator generates a Secret for the run.",
     )
     retry_after_seconds: int = Field(
-        default=5, ge=1, description="Retry-After sent with HTTP 429 to model calls during a weight update."
+        strict=True,
+        default=5,
+        ge=1,
+        description="Retry-After sent with HTTP 429 to model calls during a weight update.",
     )
     agent_url: str | None = Field(
         default=None,
@@ -334,14 +353,17 @@ class AgentsSpec(ApiModel):
     template: AgentTemplateSpec = Field(
         description="The Job template; exactly one of configMapRef or inline."
     )
-    max_jobs_per_minute: int = Field(default=100, ge=1, description="Rate limit of agent Job creation.")
+    max_jobs_per_minute: int = Field(
+        strict=True, default=100, ge=1, description="Rate limit of agent Job creation."
+    )
     max_active_jobs: int | None = Field(
+        strict=True,
         default=None,
         ge=1,
         description="Most agent Jobs running at once; unset, as many as rollouts are queued.",
     )
     ttl_seconds_after_finished: int = Field(
-        default=1200, ge=0, description="Seconds after which finished agent Jobs are deleted."
+        strict=True, default=1200, ge=0, description="Seconds after which finished agent Jobs are deleted."
     )
 
 
@@ -381,14 +403,20 @@ class AsyncTrainingRunSpec(ApiModel):
     model: ModelSpec = Field(description="The policy model to serve and train.")
     data: DataSpec = Field(description="The prompts; exactly one of inline, configMapRef or path.")
     train_batch_size: int = Field(
-        ge=1, le=MAX_TRAIN_BATCH_SIZE, description="Complete prompt groups consumed per update."
+        strict=True, ge=1, le=MAX_TRAIN_BATCH_SIZE, description="Complete prompt groups consumed per update."
     )
     rollout: RolloutSpec = section(RolloutSpec, "How each prompt is rolled out.")
     rollout_timeout_seconds: int = Field(
-        default=1800, ge=1, description="Seconds after which a rollout that has not finished is failed."
+        strict=True,
+        default=1800,
+        ge=1,
+        description="Seconds after which a rollout that has not finished is failed.",
     )
     total_steps: int | None = Field(
-        default=None, ge=1, description="Stop after this many updates; unset, after one pass over the data."
+        strict=True,
+        default=None,
+        ge=1,
+        description="Stop after this many updates; unset, after one pass over the data.",
     )
     max_failed_steps: int = Field(
         default=3,
@@ -412,6 +440,7 @@ class AsyncTrainingRunSpec(ApiModel):
     agents: AgentsSpec = Field(description="The agents: one Job per rollout, rendered from a template.")
     logging: LoggingSpec = section(LoggingSpec, "Where per-step metrics are logged.")
     suspend: bool = Field(
+        strict=True,
         default=False,
         description="Pause the run while true: no new rollouts or agent Jobs; the phase becomes Suspended.",
     )
