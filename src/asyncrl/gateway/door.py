@@ -8,8 +8,8 @@ costs anything:
    reads and parses a body before it runs a route's dependencies, so the check cannot live there);
 2. how many body bytes: counted while they arrive, chunked bodies included, so memory never holds more
    than the limit, and the request is refused (413) as soon as it passes it;
-3. what the JSON holds: nesting depth and NaN/Infinity, so that whatever is stored can always be
-   serialized again for the trainer's reads.
+3. what the JSON holds: nesting depth and non-finite numbers (NaN, Infinity, 1e400), so that whatever is
+   stored can always be serialized again, as strict JSON, for the trainer's reads.
 
 The route table below is the one place that says which routes an agent token may call; the FastAPI
 dependencies in `api.py` repeat the same rule as a second line of defence.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -157,7 +158,7 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 
 class _NonFinite:
-    """What the parser returns for NaN/Infinity, so the checker can name the field that held one."""
+    """What the parser returns for NaN, Infinity or 1e400, so the checker can name the field holding it."""
 
     __slots__ = ("literal",)
 
@@ -165,17 +166,51 @@ class _NonFinite:
         self.literal = literal
 
 
-_DECODER = json.JSONDecoder(parse_constant=_NonFinite)
+_INFINITIES = (math.inf, -math.inf)
+
+
+class _NotFiniteSeen(Exception):
+    """Raised by the strict parser's hooks: parse again, marking, to name the field."""
+
+
+def _refuse(literal: str) -> Any:
+    raise _NotFiniteSeen(literal)
+
+
+def _finite_or_refuse(literal: str) -> float:
+    value = float(literal)
+    if value in _INFINITIES:
+        raise _NotFiniteSeen(literal)
+    return value
+
+
+def _finite_or_mark(literal: str) -> float | _NonFinite:
+    value = float(literal)
+    return _NonFinite(literal) if value in _INFINITIES else value
+
+
+# Shared parsers (the hot path makes one per request otherwise): the strict one for every body, the marking
+# one only to find the field of a non-finite number the strict one stopped at.
+_STRICT = json.JSONDecoder(parse_constant=_refuse, parse_float=_finite_or_refuse)
+_MARKING = json.JSONDecoder(parse_constant=_NonFinite, parse_float=_finite_or_mark)
 
 
 def parse_json(raw: bytes, *, max_depth: int) -> Any:
-    """The body as JSON, refused when invalid (400), nested deeper than `max_depth`, or holding NaN (422).
+    """The body as JSON, refused when invalid (400), nested deeper than `max_depth`, or not finite (422).
 
-    The checks walk the parsed value only when the bytes could break a rule (more brackets than the depth
-    limit, or a NaN/Infinity literal somewhere), so ordinary model calls cost a few byte scans.
+    Not finite: NaN, Infinity, or a number too large for a float (1e400), which would come back as Infinity.
+    The depth is walked only when the bytes hold more brackets than the limit, so ordinary model calls cost
+    one parse and two byte scans.
     """
     try:
-        value = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        try:
+            value = _STRICT.decode(text)
+        except _NotFiniteSeen:
+            value = _MARKING.decode(text)
+            not_finite = True
+        else:
+            not_finite = False
     except RecursionError:
         raise _too_deep(max_depth, path=None) from None
     except ValueError as error:  # JSONDecodeError, bad UTF-8, an integer over Python's 4300 digits
@@ -185,8 +220,7 @@ def parse_json(raw: bytes, *, max_depth: int) -> Any:
         raise Refused(
             400, "request body is not valid JSON", rejection_reason="json_invalid", detail=detail[:300]
         ) from error
-    may_be_deep = raw.count(b"[") + raw.count(b"{") > max_depth
-    if may_be_deep or b"NaN" in raw or b"Infinity" in raw:
+    if not_finite or raw.count(b"[") + raw.count(b"{") > max_depth:
         problem = find_json_problem(value, max_depth=max_depth)
         if problem is not None:
             kind, path = problem
@@ -194,7 +228,7 @@ def parse_json(raw: bytes, *, max_depth: int) -> Any:
                 raise _too_deep(max_depth, path=path)
             raise Refused(
                 422,
-                "NaN and Infinity are not JSON numbers; send a finite number",
+                "NaN, Infinity and numbers too large for a float are not accepted; send a finite number",
                 rejection_reason="json_not_finite",
                 field=field_name(path),
             )
