@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             max_event_bytes=args.max_event_bytes,
         )
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(f"{_flag_of(e['loc'])}: {e['msg']}" for e in error.errors())
         raise SystemExit(f"asyncrl gateway: invalid configuration: {problems}") from error
     gateway = build_gateway(config)
     # Start-up objects never die; freezing them and collecting less often took the collector from 15-18 %
@@ -131,3 +131,12 @@ def run(args: argparse.Namespace) -> int:
         http="auto",
     )
     return 0
+
+
+def _flag_of(loc: tuple[int | str, ...]) -> str:
+    """The flag that set a configuration field (`max_json_depth` → `--max-json-depth`)."""
+    field = str(loc[0])
+    if field == "key":
+        return f"the key (--key-file or {KEY_ENV_VAR})"
+    flag = "--upstream" if field == "upstreams" else "--" + field.replace("_", "-")
+    return " ".join([flag, *map(str, loc[1:])])
