@@ -1,8 +1,10 @@
 """The gateway's management and store routes (FastAPI): pause/resume/state, upstreams, rollouts, feeds,
 events, summary.
 
-Off the hot path, so clarity wins here: typed request models, one error shape (`{"error": ..., ...}`), and
-auth as a dependency. The gateway key may call everything; an agent token only its own rollout's routes.
+Off the hot path, so clarity wins here: typed request models and one error shape (`{"error": ..., ...}`).
+The gateway key may call everything; an agent token only its own rollout's routes. Requests reach these
+routes only through the door (`door.py`: token before body, byte and JSON limits), because FastAPI reads a
+body before it runs dependencies; the auth dependencies here repeat the door's rule as a second line.
 """
 
 from __future__ import annotations
