@@ -1,8 +1,10 @@
 """The gateway's management and store routes (FastAPI): pause/resume/state, upstreams, rollouts, feeds,
 events, summary.
 
-Off the hot path, so clarity wins here: typed request models, one error shape (`{"error": ..., ...}`), and
-auth as a dependency. The gateway key may call everything; an agent token only its own rollout's routes.
+Off the hot path, so clarity wins here: typed request models and one error shape (`{"error": ..., ...}`).
+The gateway key may call everything; an agent token only its own rollout's routes. Requests reach these
+routes only through the door (`door.py`: token before body, byte and JSON limits), because FastAPI reads a
+body before it runs dependencies; the auth dependencies here repeat the door's rule as a second line.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from asyncrl.gateway.auth import Access, check_access
-from asyncrl.gateway.capture import parse_call
+from asyncrl.gateway.capture import events_document
 from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.models import (
@@ -42,7 +44,16 @@ from asyncrl.gateway.models import (
 )
 from asyncrl.gateway.pause import PauseState
 from asyncrl.gateway.proxy import ProxyHandler
-from asyncrl.gateway.store import FeedGap, Rollout, RolloutConflict, RolloutNotFound, RolloutStore
+from asyncrl.gateway.store import (
+    EventRejected,
+    FeedGap,
+    Rollout,
+    RolloutConflict,
+    RolloutFinished,
+    RolloutNotFound,
+    RolloutStore,
+    UnknownAttempt,
+)
 from asyncrl.rollouts import RolloutState
 
 
@@ -249,13 +260,8 @@ def build_api(
         )
 
     @app.get("/api/rollouts/{rollout_id}/events", dependencies=[Management])
-    async def rollout_events(rollout_id: str) -> dict[str, Any]:
-        rollout = _get(store, rollout_id)
-        return {
-            "rollout": rollout.view().model_dump(mode="json"),
-            "model_calls": [parse_call(call) for call in rollout.calls],
-            "events": rollout.events,
-        }
+    async def rollout_events(rollout_id: str) -> Response:
+        return Response(events_document(_get(store, rollout_id)), media_type="application/json")
 
     @app.post(
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events",
@@ -264,12 +270,18 @@ def build_api(
     )
     async def post_event(rollout_id: str, attempt_id: str, event: AgentEvent) -> dict[str, Any]:
         _get(store, rollout_id)
+        size = len(json.dumps(event.data))  # the body passed the door's limits, so this cannot fail
         try:
-            store.record_event(rollout_id, attempt_id, event.event_type, event.data)
-        except ValueError as error:
-            raise ApiError(422, str(error), field="data.value") from error
-        except OverflowError as error:
-            raise ApiError(413, str(error)) from error
+            store.record_event(rollout_id, attempt_id, event.event_type, event.data, size=size)
+        except RolloutFinished as error:
+            metrics.rejections.labels("rollout_finished").inc()
+            raise ApiError(409, str(error), rollout_id=rollout_id) from error
+        except UnknownAttempt as error:
+            metrics.rejections.labels("unknown_attempt").inc()
+            raise ApiError(404, str(error), rollout_id=rollout_id, attempt_id=attempt_id) from error
+        except EventRejected as error:
+            metrics.rejections.labels(error.reason).inc()
+            raise ApiError(error.status, str(error), field=error.field) from error
         return {"rollout_id": rollout_id, "attempt_id": attempt_id, "event_type": event.event_type}
 
     @app.get("/api/stats", dependencies=[Management])

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from fastapi import FastAPI
 
 from asyncrl.gateway.api import build_api
 from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.door import BODY_METHODS, Refused, authorize, parse_json, read_body, replay, route_access
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState
-from asyncrl.gateway.proxy import PROXY_PREFIX, ProxyHandler, Receive, Scope, Send
+from asyncrl.gateway.proxy import PROXY_PREFIX, ProxyHandler, Receive, Scope, Send, send_json
 from asyncrl.gateway.store import RolloutStore
 
 
@@ -27,29 +27,36 @@ class Gateway:
     api: FastAPI
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PROXY_PREFIX):
-            await self.proxy(scope, receive, send)
-            return
-        if scope["type"] == "http" and not await self._within_body_limit(scope, send):
-            return
-        await self.api(scope, receive, send)
+        if scope["type"] != "http":  # lifespan
+            await self.api(scope, receive, send)
+        elif scope["path"].startswith(PROXY_PREFIX):
+            await self.proxy(scope, receive, send)  # the hot path checks the same limits itself
+        else:
+            await self._at_the_door(scope, receive, send)
 
-    async def _within_body_limit(self, scope: Scope, send: Send) -> bool:
+    async def _at_the_door(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Token, then body bytes, then JSON: each refused before the next is looked at (see door.py)."""
+        authorization = content_length = None
         for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.config.max_body_bytes:
-                body = json.dumps(
-                    {"error": "request body too large", "limit_bytes": self.config.max_body_bytes}
-                )
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 413,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body.encode()})
-                return False
-        return True
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"content-length":
+                content_length = value.decode("latin-1")
+        try:
+            authorize(self.key, authorization, route_access(scope["method"], scope["path"]))
+            body = await read_body(receive, limit=self.config.max_body_bytes, declared_length=content_length)
+            if body and scope["method"] in BODY_METHODS:
+                parse_json(body, max_depth=self.config.max_json_depth)
+        except Refused as refused:
+            if refused.rejection_reason is not None:
+                self.metrics.rejections.labels(refused.rejection_reason).inc()
+            await send_json(send, refused.status, refused.body, refused.headers)
+            return
+        await self.api(scope, replay(body, receive), send)
+
+    @property
+    def key(self) -> str:
+        return self.config.key.get_secret_value()
 
 
 def build_gateway(config: GatewayConfig) -> Gateway:
@@ -57,6 +64,7 @@ def build_gateway(config: GatewayConfig) -> Gateway:
     store = RolloutStore(
         max_events_per_rollout=config.max_events_per_rollout,
         max_feed_entries=config.max_completion_feed_entries,
+        max_event_bytes=config.max_event_bytes,
     )
     metrics = GatewayMetrics()
     proxy = ProxyHandler(config=config, pause=pause, store=store, metrics=metrics)

@@ -3,14 +3,21 @@
 The proxy stores each call as raw bytes (cheap on the hot path); parsing happens here, when the trainer
 reads a rollout's events. The shapes read are vLLM's OpenAI-compatible responses with `return_token_ids` and
 `logprobs`, which the reference model server also produces.
+
+The events document is the trainer's one read of a rollout, so nothing an agent stored may make it fail:
+each call and each event is encoded on its own, and one that cannot be (too deep, NaN, an odd upstream
+shape) is replaced by a stub that says so, which the trainer's adapter counts as a call without tokens.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
-from asyncrl.gateway.store import CapturedCall
+from asyncrl.gateway.store import CapturedCall, Rollout
+
+logger = logging.getLogger(__name__)
 
 
 def request_overrides(body: dict[str, Any], *, endpoint: str, model: str, capture: bool) -> dict[str, Any]:
@@ -64,3 +71,59 @@ def parse_call(call: CapturedCall) -> dict[str, Any]:
         "response_token_ids": choice.get("token_ids"),
         "response_logprobs": _choice_logprobs(choice),
     }
+
+
+def _encoded(value: Any) -> bytes | None:
+    """Strict JSON of `value` (no NaN), or None when it cannot be encoded."""
+    try:
+        return json.dumps(value, allow_nan=False).encode()
+    except (ValueError, TypeError, RecursionError):
+        return None
+
+
+def _call_json(call: CapturedCall) -> bytes:
+    try:
+        encoded = _encoded(parse_call(call))
+    except Exception:  # a response shape parse_call does not expect
+        logger.warning("a captured call of attempt %s cannot be parsed", call.attempt_id, exc_info=True)
+        encoded = None
+    if encoded is not None:
+        return encoded
+    stub = {
+        "attempt_id": call.attempt_id,
+        "endpoint": call.path,
+        "status": call.status,
+        "latency_seconds": call.latency_seconds,
+        "model_version": call.model_version,
+        "started_at": call.started_at,
+        "unreadable": "this call's request or response could not be encoded as JSON",
+    }
+    return json.dumps(stub).encode()
+
+
+def _event_json(event: dict[str, Any]) -> bytes:
+    encoded = _encoded(event)
+    if encoded is not None:
+        return encoded
+    stub = {
+        "attempt_id": event.get("attempt_id"),
+        "event_type": event.get("event_type"),
+        "at": event.get("at"),
+        "data": None,
+        "unreadable": "this event's data could not be encoded as JSON",
+    }
+    return json.dumps(stub).encode()
+
+
+def events_document(rollout: Rollout) -> bytes:
+    """`GET /api/rollouts/{rollout_id}/events` as JSON bytes: the rollout's view, its calls, its events."""
+    view = rollout.view()
+    try:
+        encoded_view = _encoded(view.model_dump(mode="json"))
+    except Exception:  # a serializer's own depth limit
+        encoded_view = None
+    if encoded_view is None:  # only the input (the trainer's, checked at the door) can be at fault
+        encoded_view = json.dumps(view.model_copy(update={"input": None}).model_dump(mode="json")).encode()
+    calls = b",".join(_call_json(call) for call in rollout.calls)
+    events = b",".join(_event_json(event) for event in rollout.events)
+    return b'{"rollout":%s,"model_calls":[%s],"events":[%s]}' % (encoded_view, calls, events)

@@ -9,6 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
 
 KEY_ENV_VAR = "ASYNCRL_GATEWAY_KEY"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_JSON_DEPTH = 64
+# Python's JSON parser and encoders recurse per level and fail near 1000; stay well below.
+MAX_JSON_DEPTH_CEILING = 256
+DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 
 
 def check_upstream_urls(urls: Iterable[str]) -> tuple[str, ...]:
@@ -43,7 +48,22 @@ class GatewayConfig(BaseModel):
     retry_after_seconds: int = Field(
         default=5, ge=1, description="Retry-After sent with 429 while paused and 503 while no upstream."
     )
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Larger requests get 413.")
+    max_body_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES,
+        ge=1024,
+        description="Larger request bodies get 413, counted while they arrive (chunked bodies too).",
+    )
+    max_json_depth: int = Field(
+        default=DEFAULT_MAX_JSON_DEPTH,
+        ge=2,
+        le=MAX_JSON_DEPTH_CEILING,
+        description="Request JSON nested deeper gets 422, on every route and model call.",
+    )
+    max_event_bytes: int = Field(
+        default=DEFAULT_MAX_EVENT_BYTES,
+        ge=1024,
+        description="Event data one rollout may store in all (its JSON size); more gets 413.",
+    )
     upstream_timeout_seconds: float = Field(default=600.0, gt=0, description="Per model call; then 504.")
     upstream_connect_attempts: int = Field(default=4, ge=1, description="Connect retries before 502.")
     max_events_per_rollout: int = Field(default=512, ge=1, description="Older model calls are dropped.")

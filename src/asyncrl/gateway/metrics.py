@@ -48,6 +48,12 @@ class GatewayMetrics:
             "Model calls answered 429 while paused.",
             registry=self.registry,
         )
+        self.rejections = Counter(
+            "asyncrl_gateway_rejections",
+            "Requests refused at the door or for breaking a rule of the store, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.drain_seconds = Gauge(
             "asyncrl_gateway_last_drain_seconds",
             "Duration of the last pause's drain.",

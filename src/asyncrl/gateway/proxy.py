@@ -6,6 +6,8 @@ as bytes (parsed later, off the hot path), and aiohttp as the upstream client (a
 than httpx's async pool at this concurrency; see the field notes). The wire contract is Agent Lightning's:
 paths, 429 + Retry-After + X-Agl-Paused while paused, and the same error body. Until the first upstream is
 registered (started without --upstream, then PUT /api/upstreams), model calls get 503 + Retry-After.
+The limits every request meets (token before body, byte limit, JSON depth) are `door.py`'s, shared with the
+management routes.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from typing import Any
 
 import aiohttp
 
-from asyncrl.gateway.auth import Access, check_access
 from asyncrl.gateway.capture import request_overrides
 from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.door import Refused, RouteAccess, authorize, parse_json, read_body
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState
-from asyncrl.gateway.store import CapturedCall, RolloutStore
+from asyncrl.gateway.store import CapturedCall, RolloutStore, UnknownAttempt, check_attempt
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +39,6 @@ PROXY_PREFIX = "/proxy/rollout/"
 ENDPOINTS = frozenset({"chat/completions", "completions"})
 MODES = frozenset({"train", "val"})
 ROUTE = "proxy"
-
-
-class _Reject(Exception):
-    def __init__(self, status: int, error: str, headers: dict[str, str] | None = None, **extra: Any) -> None:
-        super().__init__(error)
-        self.status = status
-        self.body = {"error": error, **extra}
-        self.headers = headers or {}
 
 
 def parse_proxy_path(path: str) -> tuple[str, str, str, str] | None:
@@ -133,9 +127,11 @@ class ProxyHandler:
         status = 500
         try:
             status = await self._handle(scope, receive, send)
-        except _Reject as reject:
+        except Refused as reject:
             status = reject.status
-            await _send_json(send, reject.status, reject.body, reject.headers)
+            if reject.rejection_reason is not None:
+                self.metrics.rejections.labels(reject.rejection_reason).inc()
+            await send_json(send, reject.status, reject.body, reject.headers)
         finally:
             self.metrics.requests.labels(ROUTE, str(status)).inc()
             self.metrics.proxy_latency.observe(time.monotonic() - started)
@@ -143,7 +139,7 @@ class ProxyHandler:
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> int:
         parsed = parse_proxy_path(scope["path"])
         if parsed is None:
-            raise _Reject(
+            raise Refused(
                 404,
                 "not found",
                 detail="use /proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{train|val}/openai/v1/"
@@ -151,33 +147,40 @@ class ProxyHandler:
             )
         rollout_id, attempt_id, mode, endpoint = parsed
         if scope["method"] != "POST":
-            raise _Reject(405, "method not allowed", headers={"allow": "POST"})
+            raise Refused(405, "method not allowed", headers={"allow": "POST"})
         headers = _headers(scope)
-        access = check_access(self.key, headers.get("authorization"), rollout_id)
-        if access is Access.MISSING:
-            raise _Reject(401, "missing bearer token", headers={"www-authenticate": "Bearer"})
-        if access is Access.DENIED:
-            raise _Reject(403, "this token is not valid for this rollout")
+        authorize(self.key, headers.get("authorization"), RouteAccess(rollout_id=rollout_id))
         rollout = self.store.find(rollout_id)
         if rollout is None:
-            raise _Reject(404, "unknown rollout", rollout_id=rollout_id)
+            raise Refused(404, "unknown rollout", rollout_id=rollout_id)
         if rollout.state.is_terminal:
-            raise _Reject(409, "rollout already finished", rollout_id=rollout_id, state=rollout.state.value)
-
-        raw = await _read_body(receive, headers, self.config.max_body_bytes)
+            raise Refused(
+                409,
+                "rollout already finished",
+                rejection_reason="rollout_finished",
+                rollout_id=rollout_id,
+                state=rollout.state.value,
+            )
         try:
-            body = json.loads(raw)
-        except ValueError as error:
-            raise _Reject(400, "request body is not valid JSON", detail=str(error)) from error
+            check_attempt(rollout, attempt_id)
+        except UnknownAttempt as error:
+            raise Refused(
+                404, str(error), rejection_reason="unknown_attempt", rollout_id=rollout_id
+            ) from error
+
+        raw = await read_body(
+            receive, limit=self.config.max_body_bytes, declared_length=headers.get("content-length")
+        )
+        body = parse_json(raw, max_depth=self.config.max_json_depth)
         if not isinstance(body, dict):
-            raise _Reject(400, "request body must be a JSON object")
+            raise Refused(400, "request body must be a JSON object")
         if body.get("stream"):
-            raise _Reject(400, "streaming is not supported by the gateway; send stream=false")
+            raise Refused(400, "streaming is not supported by the gateway; send stream=false")
 
         # No await between this check and enter(): a call either sees the pause or is counted in flight.
         if self.pause.paused:
             self.metrics.rejected_paused.inc()
-            raise _Reject(
+            raise Refused(
                 429,
                 "gateway paused",
                 headers={"retry-after": str(self.pause.retry_after_seconds), "x-agl-paused": "true"},
@@ -241,7 +244,7 @@ class ProxyHandler:
                 if attempt + 1 < attempts:
                     await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
             except TimeoutError as error:
-                raise _Reject(
+                raise Refused(
                     504,
                     "upstream timeout",
                     detail=f"no answer within {self.config.upstream_timeout_seconds}s",
@@ -249,11 +252,11 @@ class ProxyHandler:
             finally:
                 self.upstreams.release(url)
         logger.warning("upstream unavailable after %d attempts: %s", attempts, last_error)
-        raise _Reject(502, "upstream unavailable", detail=last_error, attempts=attempts)
+        raise Refused(502, "upstream unavailable", detail=last_error, attempts=attempts)
 
 
-def _no_upstream(retry_after_seconds: int) -> _Reject:
-    return _Reject(
+def _no_upstream(retry_after_seconds: int) -> Refused:
+    return Refused(
         503,
         "no upstream registered",
         headers={"retry-after": str(retry_after_seconds)},
@@ -266,25 +269,6 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
 
 
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _Reject(413, "request body too large", limit_bytes=limit)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError("client disconnected")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _Reject(413, "request body too large", limit_bytes=limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 async def _send_bytes(
     send: Send, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
 ) -> None:
@@ -294,5 +278,5 @@ async def _send_bytes(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_json(send: Send, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
+async def send_json(send: Send, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
     await _send_bytes(send, status, json.dumps(payload).encode(), "application/json", headers)

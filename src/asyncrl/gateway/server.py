@@ -9,7 +9,14 @@ import os
 from pathlib import Path
 
 from asyncrl.gateway.app import build_gateway
-from asyncrl.gateway.config import KEY_ENV_VAR, GatewayConfig
+from asyncrl.gateway.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    KEY_ENV_VAR,
+    MAX_JSON_DEPTH_CEILING,
+    GatewayConfig,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +41,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--upstream-timeout-seconds", type=float, default=600.0, help="per model call (default 600)"
+    )
+    limits = parser.add_argument_group(
+        "limits at the door (what one agent can send; see docs/security.md)",
+        "Every request is authenticated before any body byte is read; then these apply.",
+    )
+    limits.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        metavar="N",
+        help="request body limit, counted while it arrives (chunked bodies too); more gets 413 "
+        f"(default {DEFAULT_MAX_BODY_BYTES}, at least 1024)",
+    )
+    limits.add_argument(
+        "--max-json-depth",
+        type=int,
+        default=DEFAULT_MAX_JSON_DEPTH,
+        metavar="N",
+        help="nesting limit of request JSON on every route and model call; deeper gets 422 naming the "
+        f"field (default {DEFAULT_MAX_JSON_DEPTH}, at most {MAX_JSON_DEPTH_CEILING})",
+    )
+    limits.add_argument(
+        "--max-event-bytes",
+        type=int,
+        default=DEFAULT_MAX_EVENT_BYTES,
+        metavar="N",
+        help="event data (JSON bytes) one rollout may store in all; more gets 413 "
+        f"(default {DEFAULT_MAX_EVENT_BYTES})",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -68,9 +103,12 @@ def run(args: argparse.Namespace) -> int:
             key=SecretStr(read_key(args.key_file)),
             retry_after_seconds=args.retry_after_seconds,
             upstream_timeout_seconds=args.upstream_timeout_seconds,
+            max_body_bytes=args.max_body_bytes,
+            max_json_depth=args.max_json_depth,
+            max_event_bytes=args.max_event_bytes,
         )
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(f"{_flag_of(e['loc'])}: {e['msg']}" for e in error.errors())
         raise SystemExit(f"asyncrl gateway: invalid configuration: {problems}") from error
     gateway = build_gateway(config)
     # Start-up objects never die; freezing them and collecting less often took the collector from 15-18 %
@@ -93,3 +131,12 @@ def run(args: argparse.Namespace) -> int:
         http="auto",
     )
     return 0
+
+
+def _flag_of(loc: tuple[int | str, ...]) -> str:
+    """The flag that set a configuration field (`max_json_depth` → `--max-json-depth`)."""
+    field = str(loc[0])
+    if field == "key":
+        return f"the key (--key-file or {KEY_ENV_VAR})"
+    flag = "--upstream" if field == "upstreams" else "--" + field.replace("_", "-")
+    return " ".join([flag, *map(str, loc[1:])])

@@ -4,7 +4,9 @@ Three consumers wait on it instead of polling: the operator long-polls `claim()`
 trainer long-polls `completions()` for terminal ones (each delivered once per cursor), and the operator
 long-polls `summary_after()` for the trainer's step summary. All methods run on the gateway's event loop.
 Memory is bounded: the trainer deletes consumed rollouts, a rollout keeps at most `max_events_per_rollout`
-model calls, and the completion feed keeps the last `max_feed_entries` entries.
+model calls and as many agent events, those events hold at most `max_event_bytes` of data, and the
+completion feed keeps the last `max_feed_entries` entries. Agent events are accepted only while their rollout
+is queued or running, and only from its attempt, so a finished result never changes.
 
 A rollout is also its own launch record: `launch()` marks it launched (an agent Job is being created for it)
 exactly once, before the operator creates the Job, and a launched rollout is never claimed again. That is
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from collections import deque
@@ -52,6 +55,24 @@ class AlreadyLaunched(RolloutConflict):
     """A launch of a rollout launched before under another launch id, or no longer queued (HTTP 409)."""
 
 
+class RolloutFinished(RolloutConflict):
+    """An event for a rollout that already reached a terminal state (HTTP 409): its result is final."""
+
+
+class UnknownAttempt(LookupError):
+    """An event from an attempt the rollout never had (HTTP 404)."""
+
+
+class EventRejected(ValueError):
+    """An event the store refuses (a reward that is no finite number: 422; over a limit: 413)."""
+
+    def __init__(self, message: str, *, status: int, field: str, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.reason = reason
+
+
 class FeedGap(LookupError):
     """The cursor is older than the retained feed; the caller must resync from the rollout listing (410)."""
 
@@ -83,14 +104,27 @@ class Rollout:
     attempt_id: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
-    reward: float | None = None
+    posted_reward: float | None = None
+    posted_reward_attempt_id: str | None = None
     message: str | None = None
     claimed_until: float = 0.0
     launched_at: float | None = None
     launch_id: str | None = None
     calls: deque[CapturedCall] = field(default_factory=deque)
     events: list[dict[str, Any]] = field(default_factory=list)
+    event_bytes: int = 0
     timeout_handle: asyncio.TimerHandle | None = None
+
+    @property
+    def reward(self) -> float | None:
+        """The last reward posted by the rollout's attempt; one from another attempt never counts.
+
+        An agent may post before the operator reports its rollout running (a fast agent), so the attempt
+        is not always known when the reward arrives; it is checked again here once it is.
+        """
+        if self.attempt_id is not None and self.posted_reward_attempt_id != self.attempt_id:
+            return None
+        return self.posted_reward
 
     def same_request(self, request: RolloutCreate) -> bool:
         return (self.group_id, self.step, self.input, self.mode, self.timeout_seconds) == (
@@ -138,8 +172,15 @@ class _Signal:
 
 
 class RolloutStore:
-    def __init__(self, *, max_events_per_rollout: int = 512, max_feed_entries: int = 100_000) -> None:
+    def __init__(
+        self,
+        *,
+        max_events_per_rollout: int = 512,
+        max_feed_entries: int = 100_000,
+        max_event_bytes: int = 1024 * 1024,
+    ) -> None:
         self.max_events_per_rollout = max_events_per_rollout
+        self.max_event_bytes = max_event_bytes
         # Identifies this store's lifetime: a client that sees it change knows the gateway restarted and
         # everything it held (rollouts, feed cursor, upstreams) is gone.
         self.instance_id = uuid.uuid4().hex
@@ -376,17 +417,40 @@ class RolloutStore:
         while len(rollout.calls) > self.max_events_per_rollout:
             rollout.calls.popleft()
 
-    def record_event(self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any]) -> None:
+    def record_event(
+        self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], *, size: int
+    ) -> None:
+        """Store one agent event of `size` JSON bytes; a reward also sets the rollout's reward.
+
+        Events are accepted while the rollout is queued or running, from its attempt once that is known.
+        """
         rollout = self.get(rollout_id)
-        if event_type == "reward":
-            value = data.get("value")
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError('a reward event needs data.value as a number, e.g. {"value": 1.0}')
-            rollout.reward = float(value)
-        if len(rollout.events) >= self.max_events_per_rollout:
-            raise OverflowError(
-                f"rollout {rollout_id!r} already has {len(rollout.events)} events (the limit)"
+        if rollout.state.is_terminal:
+            raise RolloutFinished(
+                f"rollout {rollout_id!r} already finished ({rollout.state}); its result is final and "
+                "events are accepted only while it is queued or running"
             )
+        check_attempt(rollout, attempt_id)
+        reward = reward_value(data) if event_type == "reward" else None
+        if len(rollout.events) >= self.max_events_per_rollout:
+            raise EventRejected(
+                f"rollout {rollout_id!r} already has {len(rollout.events)} events (the limit)",
+                status=413,
+                field="event_type",
+                reason="too_many_events",
+            )
+        if rollout.event_bytes + size > self.max_event_bytes:
+            raise EventRejected(
+                f"rollout {rollout_id!r} would store more than {self.max_event_bytes} bytes of event data "
+                f"(it has {rollout.event_bytes}, this event is {size}); the limit is --max-event-bytes",
+                status=413,
+                field="data",
+                reason="event_bytes",
+            )
+        if reward is not None:
+            rollout.posted_reward = reward
+            rollout.posted_reward_attempt_id = attempt_id
+        rollout.event_bytes += size
         rollout.events.append(
             {"attempt_id": attempt_id, "event_type": event_type, "data": data, "at": time.time()}
         )
@@ -419,3 +483,43 @@ class RolloutStore:
             if remaining <= 0:
                 return summary
             await self._summary_signal.wait(remaining)
+
+
+def check_attempt(rollout: Rollout, attempt_id: str) -> None:
+    """Refuse calls and events from an attempt other than the rollout's, once its attempt is known."""
+    if rollout.attempt_id is not None and attempt_id != rollout.attempt_id:
+        raise UnknownAttempt(
+            f"rollout {rollout.rollout_id!r} has no attempt {attempt_id!r} "
+            f"(its attempt is {rollout.attempt_id!r})"
+        )
+
+
+def reward_value(data: dict[str, Any]) -> float:
+    """The reward of a reward event's data: `value`, a finite number (a bool, a string or 1e400 are not)."""
+    value = data.get("value")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EventRejected(
+            'a reward event needs data.value as a number, e.g. {"value": 1.0}',
+            status=422,
+            field="data.value",
+            reason="bad_reward",
+        )
+    try:
+        reward = float(value)
+    except OverflowError:
+        reward = math.inf
+    if not math.isfinite(reward):
+        raise EventRejected(
+            "data.value must be a finite number that fits a float (at most about 1.8e308); "
+            f"got {_brief(value)}",
+            status=422,
+            field="data.value",
+            reason="bad_reward",
+        )
+    return reward
+
+
+def _brief(value: int | float) -> str:
+    if isinstance(value, int):
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return repr(value)
