@@ -36,8 +36,9 @@ from asyncrl.operator.kube import JSON, Kube
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
+from asyncrl.operator.renderer import TemplateRenderer, check_template
 from asyncrl.operator.status import RunObservation, next_status
-from asyncrl.operator.templates import TemplateError, check_template, render_job, rollout_variables
+from asyncrl.operator.templates import TemplateError, rollout_variables
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
@@ -75,19 +76,19 @@ class _JobBook:
 
 
 class RunController:
-    def __init__(self, context: RunContext, *, kube: Kube, metrics: OperatorMetrics) -> None:
+    def __init__(
+        self, context: RunContext, *, kube: Kube, metrics: OperatorMetrics, renderer: TemplateRenderer
+    ) -> None:
         self.context = context
         self.kube = kube
         self.metrics = metrics
+        self.renderer = renderer
         self.gateway = GatewayClient(context.gateway_url, context.gateway_key)
         self.limiter = SlidingWindowLimiter(context.spec.agents.max_jobs_per_minute)
         self.jobs = _JobBook()
         self.trainer_job: JSON | None = None
         self.template_error: str | None = None
-        try:
-            check_template(context.template_source)  # syntax errors show before the first rollout
-        except TemplateError as error:
-            self.template_error = str(error)
+        self.fatal_error: str | None = None  # set: the run is Failed with this message
         self.gateway_reachable = False
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
         self._dirty = asyncio.Event()
@@ -113,8 +114,9 @@ class RunController:
 
     async def run(self) -> None:
         """Run until cancelled (the run was deleted, or the operator stops)."""
+        await self._check_template()
         loops: list[Callable[[], Coroutine[Any, Any, None]]] = [
-            self._claim_loop,
+            *([] if self.fatal_error else [self._claim_loop]),  # an invalid template launches nothing
             self._report_loop,
             self._cancellation_loop,
             self._summary_loop,
@@ -199,7 +201,7 @@ class RunController:
             namespace=context.namespace,
         )
         try:
-            rendered = render_job(context.template_source, variables)
+            rendered = await self.renderer.render(context.template_source, variables)
         except TemplateError as error:
             await self._template_failed(rollout, str(error))
             return
@@ -241,6 +243,27 @@ class RunController:
         if self.template_error is not None:
             self.template_error = None
             self._dirty.set()
+
+    async def _check_template(self) -> None:
+        """Render the template for the run's first row (or a placeholder row) before any rollout: a template
+        that cannot give a valid agent Job fails the run now, not each rollout later."""
+        context = self.context
+        rows = context.spec.data.inline
+        reason = await check_template(
+            self.renderer,
+            context.template_source,
+            first_row=rows[0] if rows else None,
+            run_name=context.name,
+            namespace=context.namespace,
+            job_name=names.agent_job_name(context.name, "sample"),
+            attempt_id=ATTEMPT_ID,
+        )
+        if reason is None:
+            return
+        logger.warning("run %s: %s", context.name, reason)
+        self.metrics.errors.labels("template").inc()
+        await self.kube.post_event(context.run, reason="AgentTemplateError", message=reason, warning=True)
+        self.template_error = self.fatal_error = reason
 
     async def _template_failed(self, rollout: RolloutView, reason: str) -> None:
         logger.warning("run %s rollout %s: %s", self.context.name, rollout.rollout_id, reason)
@@ -400,6 +423,7 @@ class RunController:
             jobs_created=self.jobs.created,
             jobs_failed=len(self.jobs.failed),
             template_error=self.template_error,
+            fatal_error=self.fatal_error,
         )
         status = next_status(self._status, observation, now=datetime.now(UTC))
         payload = status.model_dump(mode="json", by_alias=True, exclude_none=True)

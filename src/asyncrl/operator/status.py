@@ -1,6 +1,7 @@
 """The next status of a run from what the operator observed (pure, so the rules are tested directly).
 
 Phase rules, first match wins:
+- a fatal error (an invalid agent template) → Failed, with that error as the message;
 - `spec.suspend` → Suspended;
 - no trainer Job seen yet → Pending;
 - the trainer Job is Complete → Succeeded, Failed → Failed (with the Job's reason);
@@ -34,6 +35,9 @@ class RunObservation:
     jobs_created: int
     jobs_failed: int
     template_error: str | None
+    fatal_error: str | None = (
+        None  # the run cannot go on (e.g. an invalid agent template): Failed, this message
+    )
 
 
 def _trainer_outcome(job: Mapping[str, Any]) -> tuple[Phase, str] | None:
@@ -52,6 +56,8 @@ def _trainer_outcome(job: Mapping[str, Any]) -> tuple[Phase, str] | None:
 
 
 def phase_of(observation: RunObservation) -> tuple[Phase, str]:
+    if observation.fatal_error is not None:
+        return Phase.FAILED, observation.fatal_error
     if observation.suspended:
         return Phase.SUSPENDED, "suspended: no new agent Jobs; the trainer Job is suspended"
     if observation.trainer_job is None:
