@@ -98,6 +98,7 @@ class TemplateRenderer:
         self.settings = settings or RenderSettings()
         self._slots = asyncio.Semaphore(self.settings.workers)
         self._idle: list[_Worker] = []
+        self._reaping: set[asyncio.Task[int]] = set()
         self.workers_started = 0  # for metrics and tests: a killed worker is replaced
 
     async def render(
@@ -130,7 +131,7 @@ class TemplateRenderer:
                 if healthy:
                     self._idle.append(worker)
                 else:
-                    worker.kill()  # timed out, died, or our caller was cancelled mid-render
+                    self._discard(worker)  # timed out, died, or our caller was cancelled mid-render
         if "error" in answer:
             raise TemplateError(str(answer["error"]), row_dependent=bool(answer.get("row_dependent")))
         job: dict[str, Any] = answer["job"]
@@ -141,13 +142,17 @@ class TemplateRenderer:
         self.workers_started += 1
         return worker
 
+    def _discard(self, worker: _Worker) -> None:
+        worker.kill()
+        reaper = asyncio.create_task(worker.process.wait())
+        self._reaping.add(reaper)
+        reaper.add_done_callback(self._reaping.discard)
+
     async def close(self) -> None:
         workers, self._idle = self._idle, []
         for worker in workers:
-            worker.kill()
-        for worker in workers:
-            with contextlib.suppress(Exception):
-                await worker.process.wait()
+            self._discard(worker)
+        await asyncio.gather(*self._reaping, return_exceptions=True)
 
 
 async def check_template(
