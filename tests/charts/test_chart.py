@@ -161,6 +161,7 @@ def test_default_values_render_a_hardened_single_operator_for_the_release_namesp
         "--health-port=8080",
         "--metrics-port=9090",
         "--log-level=info",
+        "--agent-pod-policy=restricted",
     ]
     assert container["securityContext"] == {
         "runAsNonRoot": True,

@@ -262,7 +262,8 @@ class RunController:
             return
         logger.warning("run %s: %s", context.name, reason)
         self.metrics.errors.labels("template").inc()
-        await self.kube.post_event(context.run, reason="AgentTemplateError", message=reason, warning=True)
+        if self._status.message != reason:  # not again after an operator restart
+            await self.kube.post_event(context.run, reason="AgentTemplateError", message=reason, warning=True)
         self.template_error = self.fatal_error = reason
 
     async def _template_failed(self, rollout: RolloutView, reason: str) -> None:

@@ -64,6 +64,17 @@ def serve(requests: IO[bytes], answers: IO[bytes], limits: RenderLimits) -> None
         answers.flush()
 
 
+def die_with_parent() -> None:
+    """Linux: be killed when the operator dies, even in the middle of a runaway render."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        with contextlib.suppress(OSError, AttributeError):
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def limit_memory(memory_bytes: int) -> None:
     if memory_bytes > 0:
         import resource
@@ -74,6 +85,7 @@ def limit_memory(memory_bytes: int) -> None:
 def main(argv: list[str]) -> int:
     limits = RenderLimits(**json.loads(argv[0])) if argv else RenderLimits()
     limit_memory(int(argv[1]) if len(argv) > 1 else 0)
+    die_with_parent()
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # a stray print can never corrupt the protocol
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
