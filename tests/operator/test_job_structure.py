@@ -97,6 +97,11 @@ AGENT = "      containers:\n      - name: agent\n        image: python:3.12\n"
         ),
         (_job(AGENT + "      initContainers: [{name: init}]\n"), {}, "initContainers[0].image: expected"),
         ("- apiVersion: batch/v1\n", {}, "must render a batch/v1 Job; got a list"),
+        (
+            _job("      containers: !!python/object/apply:os.system [id]\n"),
+            {},
+            "does not render valid YAML: line 6 column 19: could not determine a constructor for the tag",
+        ),
     ],
 )
 def test_a_typo_is_one_line_naming_the_path(source: str, variables: dict[str, Any], message: str) -> None:

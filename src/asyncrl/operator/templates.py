@@ -159,7 +159,10 @@ def render_job(
     root = _one_document(rendered, limits)
     pattern = re.compile(f"__asyncrl_{nonce}_(\\d+)__")
     quoted = _quoted_placeholders(root, pattern)
-    document = yaml.SafeLoader("").construct_document(root)
+    try:
+        document = yaml.SafeLoader("").construct_document(root)
+    except yaml.YAMLError as error:  # a tag the safe loader does not construct (!!python/object, ...)
+        raise TemplateError(f"agent template does not render valid YAML: {_yaml_reason(error)}") from error
     job = _substitute(document, pattern, values, quoted, path="")
     check_job_structure(job)
     size = len(json.dumps(job))
@@ -213,14 +216,8 @@ def _one_document(rendered: str, limits: RenderLimits) -> yaml.Node:
             for node in yaml.compose_all(rendered, Loader=yaml.SafeLoader)
             if not (isinstance(node, yaml.ScalarNode) and node.tag == YAML_NULL_TAG)
         ]
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
-        raise TemplateError(
-            f"agent template does not render valid YAML: {where}{error.context or ''} {error.problem or ''}"
-        ) from error
     except yaml.YAMLError as error:
-        raise TemplateError(f"agent template does not render valid YAML: {error}") from error
+        raise TemplateError(f"agent template does not render valid YAML: {_yaml_reason(error)}") from error
     except RecursionError as error:
         raise TemplateError("agent template renders YAML nested too deeply") from error
     if len(nodes) != 1:
@@ -229,6 +226,15 @@ def _one_document(rendered: str, limits: RenderLimits) -> yaml.Node:
         )
     _check_expanded_size(nodes[0], limits.max_yaml_nodes)
     return nodes[0]
+
+
+def _yaml_reason(error: yaml.YAMLError) -> str:
+    """`line L column C: <context> <problem>`, without PyYAML's multi-line excerpt of the text."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return str(error)
+    mark = error.problem_mark
+    where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+    return f"{where}{error.context or ''} {error.problem or ''}".strip()
 
 
 def _check_expanded_size(root: yaml.Node, limit: int) -> None:
