@@ -11,6 +11,7 @@ under the chart's RBAC; then `helm uninstall` removes what the chart made and ke
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -26,6 +27,8 @@ import yaml
 
 from asyncrl.api.crd import default_path
 from asyncrl.api.types.meta import CRD_NAME
+from asyncrl.operator.main import add_arguments, render_settings
+from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.testing.controlplane import ControlPlane, default_bin_dir, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.podspec import Image, ImageTable
@@ -158,6 +161,7 @@ def test_default_values_render_a_hardened_single_operator_for_the_release_namesp
         "--health-port=8080",
         "--metrics-port=9090",
         "--log-level=info",
+        "--agent-pod-policy=restricted",
     ]
     assert container["securityContext"] == {
         "runAsNonRoot": True,
@@ -227,6 +231,46 @@ def test_a_service_monitor_is_rendered_only_when_enabled(helm: list[str], helm_e
         monitor["spec"]["selector"]["matchLabels"].items()
         <= one(docs, "Service")["metadata"]["labels"].items()
     )
+
+
+# -- agent pod policy -------------------------------------------------------------------------------------
+
+
+def _operator_args(rendered: str) -> list[str]:
+    deployment = one(documents(rendered), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args: list[str] = container["args"]
+    return args
+
+
+def test_agent_pods_are_restricted_by_default(helm: list[str], helm_env: dict[str, str]) -> None:
+    args = _operator_args(render(helm, helm_env))
+    assert [arg for arg in args if arg.startswith("--agent-pod-policy")] == ["--agent-pod-policy=restricted"]
+
+
+def test_the_policy_can_be_lifted_explicitly(helm: list[str], helm_env: dict[str, str]) -> None:
+    args = _operator_args(render(helm, helm_env, agentPodPolicy="unrestricted"))
+    assert "--agent-pod-policy=unrestricted" in args
+    assert "--agent-pod-policy=restricted" not in args
+
+
+def test_an_unknown_policy_is_rejected_by_the_schema(helm: list[str], helm_env: dict[str, str]) -> None:
+    args = ["template", "asyncrl", str(CHART), f"--kube-version={KUBE_VERSION}"]
+    done = _helm(helm, helm_env, *args, *_values(agentPodPolicy="off"), check=False)
+    assert done.returncode != 0
+    assert "agentPodPolicy" in done.stderr
+
+
+def test_the_operator_accepts_the_charts_policy_flag() -> None:
+    """The flag the chart passes is one `asyncrl operator` parses (a rename would break every install)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert render_settings(parser.parse_args([])).policy is AgentPodPolicy.RESTRICTED
+    parsed = parser.parse_args(["--agent-pod-policy=unrestricted", "--template-render-seconds=2"])
+    assert render_settings(parsed).policy is AgentPodPolicy.UNRESTRICTED
+    assert render_settings(parsed).timeout_seconds == 2.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--agent-pod-policy=off"])
 
 
 def test_values_are_checked_against_the_schema(helm: list[str], helm_env: dict[str, str]) -> None:

@@ -106,3 +106,14 @@ def test_rate_limiter_allows_n_per_window_then_waits_for_the_oldest() -> None:
     assert limiter.delay(60.0) == 0.0
     limiter.record(60.0)
     assert limiter.delay(60.5) == 0.5
+
+
+def test_numeric_resource_quantities_leave_as_strings() -> None:
+    template = _template_job()
+    agent = template["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    agent["resources"] = {"limits": {"cpu": 2, "memory": "1Gi"}, "requests": {"cpu": 0.5}}
+    job = shape_agent_job(
+        template, settings=SETTINGS, rollout_id="r1", group_id="g1", attempt_id="a1", agent_env=ENV
+    )
+    resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources == {"limits": {"cpu": "2", "memory": "1Gi"}, "requests": {"cpu": "0.5"}}

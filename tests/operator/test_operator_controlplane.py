@@ -186,33 +186,6 @@ def test_a_run_with_a_verl_key_the_run_owns_fails_with_the_reason_and_creates_no
     assert jobs == []  # no trainer Job, no agent Job
 
 
-def test_a_template_that_does_not_render_a_job_sets_a_condition_and_fails_its_rollouts(
-    api_client: Any,
-    pod_runner: PodRunner,
-    namespace: str,
-    kubectl: list[str],
-    start_operator: OperatorStarter,
-) -> None:
-    start_operator()
-    broken = "apiVersion: v1\nkind: Pod\nmetadata: {name: {{ question }}}\n"
-    assert _apply(kubectl, namespace, run_manifest("broken", template=broken, totalSteps=1)).returncode == 0
-
-    def template_condition() -> dict[str, Any] | None:
-        condition = _condition(_status(api_client, namespace, "broken"), "AgentTemplateValid")
-        return condition if condition and condition["status"] == "False" else None
-
-    condition = wait_for(template_condition, timeout=120, what="the AgentTemplateValid condition")
-    assert condition["reason"] == "TemplateError"
-    assert "must render a batch/v1 Job; got v1/Pod" in condition["message"]
-    status = wait_for(
-        lambda: (s := _status(api_client, namespace, "broken")).get("phase") == "Succeeded" and s,
-        timeout=120,
-        what="the stand-in trainer to see its failed rollouts and finish",
-    )
-    assert status["rollouts"]["failed"] == 4
-    assert _agent_jobs(api_client, namespace) == []
-
-
 def test_job_creation_is_rate_limited(
     api_client: Any,
     pod_runner: PodRunner,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.operator.templates import TemplateError, check_template, render_job, template_variables
+from asyncrl.operator.templates import TemplateError, render_job, template_variables
 
 TEMPLATE = """
 apiVersion: batch/v1
@@ -24,7 +24,8 @@ spec:
         - name: ATTEMPTS
           value: "{{ input.attempts }}"
         - name: LIMIT
-          value: {{ input.limit }}
+          value: limit={{ input.limit }}
+      terminationGracePeriodSeconds: {{ input.limit }}
 """
 
 
@@ -39,7 +40,8 @@ def _env(job: dict[str, object]) -> dict[str, object]:
 
 def test_values_fill_whole_scalars_with_their_type_and_parts_of_strings_as_text() -> None:
     job = _render({"question": "what is 2+2?", "attempts": 3, "limit": 7})
-    assert _env(job) == {"QUESTION": "what is 2+2?", "ATTEMPTS": "3", "LIMIT": 7}
+    assert _env(job) == {"QUESTION": "what is 2+2?", "ATTEMPTS": "3", "LIMIT": "limit=7"}
+    assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 7  # type: ignore[index]
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]  # type: ignore[index]
     assert command[-1] == "--question=what is 2+2?"
     assert job["metadata"]["name"] == "run-r-1"  # type: ignore[index]
@@ -83,7 +85,7 @@ def test_sandbox_blocks_python_internals() -> None:
         ("apiVersion: batch/v1\nkind: Job\n---\napiVersion: batch/v1\nkind: Job\n", "exactly one document"),
         (
             "apiVersion: batch/v1\nkind: Job\nspec: {template: {spec: {}}}\n",
-            "no spec.template.spec.containers",
+            "spec.template.spec.containers: expected a non-empty list of containers",
         ),
         ("apiVersion: batch/v1\nkind: Job\n  bad: indentation\n", "valid YAML"),
     ],
@@ -106,7 +108,6 @@ def test_row_fields_are_variables_and_tojson_does_not_double_quote() -> None:
     assert job["metadata"]["name"] == "run-r-1"  # type: ignore[index]  # ours win over row fields
 
 
-def test_syntax_errors_are_found_before_any_rollout() -> None:
+def test_syntax_errors_name_the_line() -> None:
     with pytest.raises(TemplateError, match="line 2"):
-        check_template("apiVersion: batch/v1\nkind: {{ Job\n")
-    check_template(TEMPLATE)
+        render_job("apiVersion: batch/v1\nkind: {{ Job\n", {})

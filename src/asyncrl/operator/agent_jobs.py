@@ -2,7 +2,9 @@
 
 Whatever the template says, these are enforced: one attempt (`backoffLimit: 0`, `restartPolicy: Never`), the
 rollout timeout as `activeDeadlineSeconds`, cleanup after `ttlSecondsAfterFinished`, a deterministic name, and
-the rollout's own gateway URLs and token in every container.
+the rollout's own gateway URLs and token in every container. Resource quantities leave as strings (`cpu: 1`
+becomes "1"): the Kubernetes client refuses numbers there. The Job was checked structurally when rendered
+(`job_structure.py`), so its fields have the shapes used here.
 """
 
 from __future__ import annotations
@@ -66,4 +68,15 @@ def shape_agent_job(
     for container in [*(pod_spec.get("initContainers") or []), *pod_spec["containers"]]:
         env = [entry for entry in container.get("env") or [] if entry.get("name") not in agent_env]
         container["env"] = env + [{"name": name, "value": value} for name, value in agent_env.items()]
+        resources = container.get("resources") or {}
+        for kind in ("limits", "requests"):
+            if resources.get(kind):
+                resources[kind] = {name: quantity_text(value) for name, value in resources[kind].items()}
     return shaped
+
+
+def quantity_text(value: Any) -> Any:
+    """A Kubernetes quantity as the API's string form: 1 → "1", 0.5 → "0.5"; strings unchanged."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value

@@ -58,6 +58,7 @@ from asyncrl.operator.ledger import ANNOTATION_LEDGER, JobCountsSeen, JobLedger
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
+from asyncrl.operator.renderer import TemplateRenderer, check_template
 from asyncrl.operator.retry import (
     Backoff,
     GaveUp,
@@ -67,7 +68,7 @@ from asyncrl.operator.retry import (
     retry_transient,
 )
 from asyncrl.operator.status import RunObservation, next_status
-from asyncrl.operator.templates import TemplateError, check_template, render_job, rollout_variables
+from asyncrl.operator.templates import TemplateError, rollout_variables
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
@@ -120,19 +121,19 @@ class _JobBook:
 
 
 class RunController:
-    def __init__(self, context: RunContext, *, kube: Kube, metrics: OperatorMetrics) -> None:
+    def __init__(
+        self, context: RunContext, *, kube: Kube, metrics: OperatorMetrics, renderer: TemplateRenderer
+    ) -> None:
         self.context = context
         self.kube = kube
         self.metrics = metrics
+        self.renderer = renderer
         self.gateway = GatewayClient(context.gateway_url, context.gateway_key)
         self.limiter = SlidingWindowLimiter(context.spec.agents.max_jobs_per_minute)
         self.jobs = _JobBook()
         self.trainer_job: JSON | None = None
         self.template_error: str | None = None
-        try:
-            check_template(context.template_source)  # syntax errors show before the first rollout
-        except TemplateError as error:
-            self.template_error = str(error)
+        self.fatal_error: str | None = None  # set: the run is Failed with this message
         self.gateway_reachable = False
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
         self._dirty = asyncio.Event()
@@ -172,8 +173,9 @@ class RunController:
 
     async def run(self) -> None:
         """Run until cancelled (the run was deleted, or the operator stops)."""
+        await self._check_template()
         loops: list[Callable[[], Coroutine[Any, Any, None]]] = [
-            self._claim_loop,
+            *([] if self.fatal_error else [self._claim_loop]),  # an invalid template launches nothing
             self._report_loop,
             self._cancellation_loop,
             self._summary_loop,
@@ -365,7 +367,7 @@ class RunController:
             namespace=context.namespace,
         )
         try:
-            rendered = render_job(context.template_source, variables)
+            rendered = await self.renderer.render(context.template_source, variables)
         except TemplateError as error:
             await self._template_failed(rollout, str(error))
             return
@@ -466,6 +468,28 @@ class RunController:
         self.metrics.errors.labels("create_job").inc()
         await self.kube.post_event(self.context.run, reason="AgentJobFailed", message=reason, warning=True)
         await self._transition(rollout.rollout_id, RolloutState.FAILED, reason)
+
+    async def _check_template(self) -> None:
+        """Render the template for the run's first row (or a placeholder row) before any rollout: a template
+        that cannot give a valid agent Job fails the run now, not each rollout later."""
+        context = self.context
+        rows = context.spec.data.inline
+        reason = await check_template(
+            self.renderer,
+            context.template_source,
+            first_row=rows[0] if rows else None,
+            run_name=context.name,
+            namespace=context.namespace,
+            job_name=names.agent_job_name(context.name, "sample"),
+            attempt_id=ATTEMPT_ID,
+        )
+        if reason is None:
+            return
+        logger.warning("run %s: %s", context.name, reason)
+        self.metrics.errors.labels("template").inc()
+        if self._status.message != reason:  # not again after an operator restart
+            await self.kube.post_event(context.run, reason="AgentTemplateError", message=reason, warning=True)
+        self.template_error = self.fatal_error = reason
 
     async def _template_failed(self, rollout: RolloutView, reason: str) -> None:
         logger.warning("run %s rollout %s: %s", self.context.name, rollout.rollout_id, reason)
@@ -677,7 +701,7 @@ class RunController:
             jobs_created=counts.created,
             jobs_failed=counts.failed,
             template_error=self.template_error,
-            fatal_error=self._fatal_error(),
+            fatal_error=self.fatal_error or self._trainer_fatal_error(),
             trainer_error=self._trainer_error(),
         )
         status = next_status(self._status, observation, now=datetime.now(UTC))
@@ -696,7 +720,7 @@ class RunController:
         if status.phase is Phase.FAILED and not self._stopped_for_failure:
             await self._stop_failed_run()
 
-    def _fatal_error(self) -> str | None:
+    def _trainer_fatal_error(self) -> str | None:
         report = self._trainer_report
         if report is None or not report.outcome.is_permanent:
             return None

@@ -28,6 +28,7 @@ from asyncrl.operator import children, names
 from asyncrl.operator.controller import RunContext, RunController
 from asyncrl.operator.kube import JSON, JobWatch, Kube
 from asyncrl.operator.metrics import OperatorMetrics
+from asyncrl.operator.renderer import RenderSettings, TemplateRenderer
 from asyncrl.operator.retry import Backoff, one_line_reason
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class OperatorConfig:
     namespaces: list[str] = field(default_factory=list)  # empty: cluster-wide
     gateway_address: str = "service"  # "service": the run's Service DNS name; "localhost": 127.0.0.1:<port>
     api_client: Any = None
+    render: RenderSettings = field(default_factory=RenderSettings)  # agent templates: pod policy and limits
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Runtime:
     config: OperatorConfig
     kube: Kube
     metrics: OperatorMetrics
+    renderer: TemplateRenderer
     controllers: dict[tuple[str, str], RunController] = field(default_factory=dict)
     watches: list[JobWatch] = field(default_factory=list)
     runs: dict[tuple[str, str], _RunTask] = field(default_factory=dict)
@@ -104,7 +107,12 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     # With explicit namespaces there is nothing to discover: skip kopf's cluster-wide namespace scan, which
     # the least-privilege namespaced RBAC denies (kopf retried it for about a minute before handling runs).
     settings.scanning.disabled = bool(config.namespaces)
-    runtime = Runtime(config=config, kube=Kube(config.api_client), metrics=memo.metrics)
+    runtime = Runtime(
+        config=config,
+        kube=Kube(config.api_client),
+        metrics=memo.metrics,
+        renderer=TemplateRenderer(config.render),
+    )
     memo.runtime = runtime
     scopes: list[str | None] = list(config.namespaces) or [None]
     for namespace in scopes:
@@ -120,6 +128,7 @@ async def _cleanup(memo: Any, **_: Any) -> None:
         watch.stop()
     for key in list(runtime.runs):
         await _stop_run(runtime, key)
+    await runtime.renderer.close()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -302,7 +311,7 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
         gateway_key=gateway_key,
         template_source=template,
     )
-    controller = RunController(context, kube=kube, metrics=runtime.metrics)
+    controller = RunController(context, kube=kube, metrics=runtime.metrics, renderer=runtime.renderer)
     runtime.controllers[(namespace, name)] = controller
     # The Job watch only delivers changes; replay the current Jobs of this run so nothing is missed.
     for job in await kube.list_agent_jobs(namespace, name):

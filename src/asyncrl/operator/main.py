@@ -6,6 +6,8 @@ import argparse
 import logging
 
 from asyncrl.operator.metrics import OperatorMetrics
+from asyncrl.operator.pod_policy import AgentPodPolicy
+from asyncrl.operator.renderer import RenderSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +36,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or ~/.kube/config)"
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    templates = parser.add_argument_group("agent templates (see docs/security.md)")
+    templates.add_argument(
+        "--agent-pod-policy",
+        choices=[str(policy) for policy in AgentPodPolicy],
+        default=str(AgentPodPolicy.RESTRICTED),
+        help="restricted (default): refuse agent Jobs with privileged or host access, another service "
+        "account, or Secret references; unrestricted: run what the template says",
+    )
+    templates.add_argument(
+        "--template-render-seconds",
+        type=_positive_float,
+        default=RenderSettings.timeout_seconds,
+        metavar="SECONDS",
+        help="time limit of one template render (default: %(default)s)",
+    )
+    templates.add_argument(
+        "--template-render-workers",
+        type=_positive_int,
+        default=RenderSettings.workers,
+        metavar="N",
+        help="processes rendering templates, shared by all runs (default: %(default)s)",
+    )
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def render_settings(args: argparse.Namespace) -> RenderSettings:
+    return RenderSettings(
+        policy=AgentPodPolicy(args.agent_pod_policy),
+        timeout_seconds=args.template_render_seconds,
+        workers=args.template_render_workers,
+    )
 
 
 def _api_client(kubeconfig: str | None) -> object:
@@ -62,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     if not args.namespace and not args.all_namespaces:
         raise SystemExit("asyncrl operator: give --namespace NS (repeatable) or --all-namespaces")
+    logging.getLogger(__name__).info("agent pod policy: %s", args.agent_pod_policy)
     metrics = OperatorMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0", registry=metrics.registry)
@@ -69,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         namespaces=list(args.namespace),
         gateway_address=args.gateway_address,
         api_client=_api_client(args.kubeconfig),
+        render=render_settings(args),
     )
     kopf.run(
         clusterwide=bool(args.all_namespaces),

@@ -5,7 +5,13 @@ in Jinja's sandbox, and every `{{ expression }}` first renders as an opaque rand
 parsed with placeholders in place, and only then are the real values put into the parsed strings. A value can
 therefore only ever become the content of one scalar, whatever quotes, newlines or braces it holds. A
 placeholder that makes up a whole unquoted scalar keeps the value's type (a number stays a number); inside
-quotes or within a longer string the value becomes text.
+quotes or within a longer string the value becomes text. A placeholder can never be a mapping key: keys are
+structure.
+
+Rendering is bounded (`RenderLimits`): the rendered text stops at a size, and YAML aliases may not expand
+past a node count (a "billion laughs" document is refused before anything walks it). Time is bounded by the
+caller: the operator runs this module in a worker process with a deadline (`renderer.py`). The result is
+checked to have the shape of an agent Job (`job_structure.py`), so a typo is one error naming its path.
 """
 
 from __future__ import annotations
@@ -14,22 +20,61 @@ import json
 import re
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import yaml
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from asyncrl.gateway.models import RolloutView
+from asyncrl.operator.job_structure import check_job_structure
+from asyncrl.operator.template_errors import TemplateError
+
+if TYPE_CHECKING:  # the render worker imports this module; it needs no pydantic models
+    from asyncrl.gateway.models import RolloutView
+
+__all__ = [
+    "RenderLimits",
+    "TemplateError",
+    "render_job",
+    "rollout_variables",
+    "sample_variables",
+    "template_variables",
+]
+
+YAML_NULL_TAG = "tag:yaml.org,2002:null"
 
 
-class TemplateError(ValueError):
-    """The template does not render to exactly one batch/v1 Job; the message says where and why."""
+@dataclass(frozen=True)
+class RenderLimits:
+    """What one render may produce. Time is the worker's deadline (`renderer.RenderSettings`)."""
+
+    max_rendered_chars: int = 256 * 1024  # the template's text output, before values are filled in
+    max_yaml_nodes: int = 20_000  # YAML nodes after expanding aliases
+    max_job_bytes: int = 1024 * 1024  # the finished Job as JSON (an API object must stay well under 1.5 MiB)
 
 
-def _environment(finalize: Any) -> ImmutableSandboxedEnvironment:
+DEFAULT_LIMITS = RenderLimits()
+
+
+class SampleUndefined(jinja2.ChainableUndefined):
+    """A name missing from a placeholder row renders as `<name>` (for the start check without real data)."""
+
+    def __str__(self) -> str:
+        return f"<{self._undefined_name or 'value'}>"
+
+    def _fail_with_undefined_error(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super()._fail_with_undefined_error(*args, **kwargs)
+        except jinja2.UndefinedError as error:
+            raise TemplateError(
+                f"agent template: {error.message} (in a render for a placeholder row)", row_dependent=True
+            ) from error
+
+
+def _environment(finalize: Any, *, sample: bool = False) -> ImmutableSandboxedEnvironment:
     environment = ImmutableSandboxedEnvironment(
-        undefined=jinja2.StrictUndefined,
+        undefined=SampleUndefined if sample else jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
         finalize=finalize,
@@ -59,9 +104,22 @@ def rollout_variables(
     )
 
 
+def sample_variables(
+    row: Any | None, *, run_name: str, namespace: str, job_name: str, attempt_id: str
+) -> dict[str, Any]:
+    """Variables for checking a template before any rollout: `row` (a real first row), or, when None, an empty
+    row whose missing names render as `<name>` (render with `sample=True`)."""
+    return template_variables(
+        {} if row is None else row,
+        rollout={"id": "sample", "group_id": "sample", "step": 0, "attempt_id": attempt_id, "mode": "train"},
+        job_name=job_name,
+        run={"name": run_name, "namespace": namespace},
+    )
+
+
 def _tojson(value: Any, *_args: Any, **_kwargs: Any) -> Any:
     if isinstance(value, jinja2.Undefined):
-        str(value)  # StrictUndefined raises UndefinedError, naming what is missing
+        return str(value)  # StrictUndefined raises UndefinedError, naming what is missing
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True)
@@ -78,81 +136,180 @@ def template_variables(
     return variables
 
 
-def check_template(source: str) -> None:
-    """Raise TemplateError when `source` is not even valid Jinja (checked once, when a run is created)."""
-    try:
-        _environment(None).parse(source)
-    except jinja2.TemplateSyntaxError as error:
-        raise TemplateError(f"agent template line {error.lineno}: {error.message}") from error
+def render_job(
+    source: str,
+    variables: Mapping[str, Any],
+    *,
+    limits: RenderLimits = DEFAULT_LIMITS,
+    sample: bool = False,
+) -> dict[str, Any]:
+    """The Job described by `source` with `variables` (e.g. input, rollout, job_name) filled in.
 
-
-def render_job(source: str, variables: Mapping[str, Any]) -> dict[str, Any]:
-    """The Job described by `source` with `variables` (e.g. input, rollout, job_name) filled in."""
+    `sample`: names missing from the row render as `<name>` instead of failing (a placeholder row)."""
     nonce = secrets.token_hex(8)
     values: list[Any] = []
 
     def placeholder(value: Any) -> str:
         if isinstance(value, jinja2.Undefined):
-            str(value)  # StrictUndefined raises UndefinedError, naming what is missing
+            value = str(value)  # StrictUndefined raises UndefinedError, naming what is missing
         values.append(value)
         return f"__asyncrl_{nonce}_{len(values) - 1}__"  # a valid plain YAML scalar anywhere
 
+    rendered = _render_text(_environment(placeholder, sample=sample), source, variables, limits)
+    root = _one_document(rendered, limits)
+    pattern = re.compile(f"__asyncrl_{nonce}_(\\d+)__")
+    quoted = _quoted_placeholders(root, pattern)
     try:
-        rendered = _environment(placeholder).from_string(source).render(**variables)
+        document = yaml.SafeLoader("").construct_document(root)
+    except yaml.YAMLError as error:  # a tag the safe loader does not construct (!!python/object, ...)
+        raise TemplateError(f"agent template does not render valid YAML: {_yaml_reason(error)}") from error
+    job = _substitute(document, pattern, values, quoted, path="")
+    check_job_structure(job)
+    size = len(json.dumps(job))
+    if size > limits.max_job_bytes:
+        raise TemplateError(
+            f"agent template renders a Job of {size} bytes, over the limit of {limits.max_job_bytes}"
+        )
+    return job  # type: ignore[no-any-return]  # checked to be a mapping
+
+
+def _render_text(
+    environment: ImmutableSandboxedEnvironment,
+    source: str,
+    variables: Mapping[str, Any],
+    limits: RenderLimits,
+) -> str:
+    """The template's text, stopped as soon as it grows past `limits.max_rendered_chars`."""
+    chunks: list[str] = []
+    size = 0
+    try:
+        for chunk in environment.from_string(source).generate(**variables):
+            size += len(chunk)
+            if size > limits.max_rendered_chars:
+                raise TemplateError(
+                    f"agent template renders more than {limits.max_rendered_chars} characters "
+                    "(the render output limit); is a loop running away?"
+                )
+            chunks.append(chunk)
+    except TemplateError:
+        raise
     except jinja2.TemplateSyntaxError as error:
         raise TemplateError(f"agent template line {error.lineno}: {error.message}") from error
     except jinja2.UndefinedError as error:
-        raise TemplateError(f"agent template: {error.message}") from error
+        raise TemplateError(f"agent template: {error.message}", row_dependent=True) from error
     except jinja2.exceptions.SecurityError as error:
         raise TemplateError(f"agent template: not allowed in the sandbox: {error}") from error
+    except MemoryError as error:
+        raise TemplateError("agent template ran out of memory while rendering") from error
     except Exception as error:  # a filter or expression failing on this row's data
         raise TemplateError(
             f"agent template failed for this rollout: {type(error).__name__}: {error}"
         ) from error
+    return "".join(chunks)
+
+
+def _one_document(rendered: str, limits: RenderLimits) -> yaml.Node:
+    """The rendered text's single YAML document, as nodes (aliases still shared, not yet expanded)."""
     try:
-        documents = [doc for doc in yaml.safe_load_all(rendered) if doc is not None]
+        nodes = [
+            node
+            for node in yaml.compose_all(rendered, Loader=yaml.SafeLoader)
+            if not (isinstance(node, yaml.ScalarNode) and node.tag == YAML_NULL_TAG)
+        ]
     except yaml.YAMLError as error:
-        raise TemplateError(f"agent template does not render valid YAML: {error}") from error
-    if len(documents) != 1:
+        raise TemplateError(f"agent template does not render valid YAML: {_yaml_reason(error)}") from error
+    except RecursionError as error:
+        raise TemplateError("agent template renders YAML nested too deeply") from error
+    if len(nodes) != 1:
         raise TemplateError(
-            f"agent template must render exactly one document (a batch/v1 Job); got {len(documents)}"
+            f"agent template must render exactly one document (a batch/v1 Job); got {len(nodes)}"
         )
-    pattern = re.compile(f"__asyncrl_{nonce}_(\\d+)__")
-    quoted = _quoted_placeholders(rendered, pattern)
-    job = _substitute(documents[0], pattern, values, quoted)
-    if not isinstance(job, dict) or job.get("apiVersion") != "batch/v1" or job.get("kind") != "Job":
-        kind = f"{job.get('apiVersion')}/{job.get('kind')}" if isinstance(job, dict) else type(job).__name__
-        raise TemplateError(f"agent template must render a batch/v1 Job; got {kind}")
-    containers = job.get("spec", {}).get("template", {}).get("spec", {}).get("containers")
-    if not isinstance(containers, list) or not containers:
-        raise TemplateError("agent template's Job has no spec.template.spec.containers")
-    return job
+    _check_expanded_size(nodes[0], limits.max_yaml_nodes)
+    return nodes[0]
 
 
-def _quoted_placeholders(rendered: str, pattern: re.Pattern[str]) -> set[int]:
+def _yaml_reason(error: yaml.YAMLError) -> str:
+    """`line L column C: <context> <problem>`, without PyYAML's multi-line excerpt of the text."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return str(error)
+    mark = error.problem_mark
+    where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+    return f"{where}{error.context or ''} {error.problem or ''}".strip()
+
+
+def _check_expanded_size(root: yaml.Node, limit: int) -> None:
+    """Refuse YAML whose aliases expand past `limit` nodes, or refer to themselves (counted without expanding:
+    each distinct node's expanded size is computed once)."""
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+    # Iterative post-order walk: a deep document must not exhaust the stack here either.
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            in_progress.discard(key)
+            sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
+            if sizes[key] > limit:
+                raise TemplateError(
+                    f"agent template's YAML expands to more than {limit} nodes (the YAML alias limit); "
+                    "use fewer anchors and aliases (*name)"
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in in_progress:
+            raise TemplateError("agent template's YAML has an alias that refers to itself")
+        in_progress.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [item for pair in node.value for item in pair]
+    return []
+
+
+def _quoted_placeholders(root: yaml.Node, pattern: re.Pattern[str]) -> set[int]:
     """Placeholders inside quoted scalars: the author asked for text there (`value: "{{ n }}"`)."""
     quoted: set[int] = set()
-    stack = list(yaml.compose_all(rendered))
+    seen: set[int] = set()
+    stack = [root]
     while stack:
         node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, yaml.ScalarNode):
             if node.style in ('"', "'"):
                 quoted.update(int(index) for index in pattern.findall(node.value))
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
-        elif isinstance(node, yaml.MappingNode):
-            stack.extend(item for pair in node.value for item in pair)
+        else:
+            stack.extend(_children(node))
     return quoted
 
 
-def _substitute(node: Any, pattern: re.Pattern[str], values: list[Any], quoted: set[int]) -> Any:
+def _substitute(
+    node: Any, pattern: re.Pattern[str], values: list[Any], quoted: set[int], *, path: str
+) -> Any:
     if isinstance(node, dict):
-        return {
-            _substitute(key, pattern, values, quoted): _substitute(value, pattern, values, quoted)
-            for key, value in node.items()
-        }
+        result: dict[Any, Any] = {}
+        for key, value in node.items():
+            if isinstance(key, str) and pattern.search(key):
+                where = path or "the top level"
+                raise TemplateError(
+                    f"agent template: a mapping key under {where} comes from a template expression; "
+                    "keys are the Job's structure, so write them literally and put {{ ... }} in values"
+                )
+            result[key] = _substitute(value, pattern, values, quoted, path=_join(path, key))
+        return result
     if isinstance(node, list):
-        return [_substitute(item, pattern, values, quoted) for item in node]
+        return [
+            _substitute(item, pattern, values, quoted, path=f"{path}[{index}]")
+            for index, item in enumerate(node)
+        ]
     if isinstance(node, str):
         whole = pattern.fullmatch(node)
         if whole and int(whole.group(1)) not in quoted:
@@ -170,6 +327,8 @@ def _as_text(value: Any) -> str:
         return ""
     if isinstance(value, int | float):
         return str(value)
-    import json
-
     return json.dumps(value, sort_keys=True)
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)

@@ -1,0 +1,114 @@
+"""`--agent-pod-policy=restricted` refuses every way a template reaches past its own pod, naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncrl.operator.pod_policy import AgentPodPolicy, check_pod_policy, restricted_violations
+from asyncrl.operator.templates import TemplateError
+
+
+def _job(pod: dict[str, Any] | None = None, **container: Any) -> dict[str, Any]:
+    agent = {"name": "agent", "image": "python:3.12", **container}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "spec": {"template": {"spec": {"containers": [agent], **(pod or {})}}},
+    }
+
+
+POD = "spec.template.spec"
+AGENT = f"{POD}.containers[0]"
+REFUSED = {
+    "privileged": (_job(securityContext={"privileged": True}), f"{AGENT}.securityContext.privileged"),
+    "privilege-escalation": (
+        _job(securityContext={"allowPrivilegeEscalation": True}),
+        f"{AGENT}.securityContext.allowPrivilegeEscalation",
+    ),
+    "capability": (
+        _job(securityContext={"capabilities": {"add": ["NET_BIND_SERVICE", "SYS_ADMIN"]}}),
+        f"{AGENT}.securityContext.capabilities.add[1]",
+    ),
+    "host-port": (_job(ports=[{"containerPort": 80, "hostPort": 80}]), f"{AGENT}.ports[0].hostPort"),
+    "host-path": (
+        _job({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}),
+        f"{POD}.volumes[0].hostPath",
+    ),
+    "host-network": (_job({"hostNetwork": True}), f"{POD}.hostNetwork"),
+    "host-pid": (_job({"hostPID": True}), f"{POD}.hostPID"),
+    "host-ipc": (_job({"hostIPC": True}), f"{POD}.hostIPC"),
+    "sysctls": (
+        _job({"securityContext": {"sysctls": [{"name": "a", "value": "1"}]}}),
+        f"{POD}.securityContext",
+    ),
+    "service-account": (_job({"serviceAccountName": "admin"}), f"{POD}.serviceAccountName"),
+    "service-account-deprecated": (_job({"serviceAccount": "admin"}), f"{POD}.serviceAccount"),
+    "env-secret": (
+        _job(env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+        f"{AGENT}.env[0].valueFrom.secretKeyRef",
+    ),
+    "env-from-secret": (_job(envFrom=[{"secretRef": {"name": "s"}}]), f"{AGENT}.envFrom[0].secretRef"),
+    "secret-volume": (
+        _job({"volumes": [{"name": "creds", "secret": {"secretName": "s"}}]}),
+        f"{POD}.volumes[0].secret",
+    ),
+    "projected-secret": (
+        _job({"volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": "s"}}]}}]}),
+        f"{POD}.volumes[0].projected.sources[0].secret",
+    ),
+    "csi-secret": (
+        _job({"volumes": [{"name": "c", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}]}),
+        f"{POD}.volumes[0].csi.nodePublishSecretRef",
+    ),
+    "init-container": (
+        _job({"initContainers": [{"name": "i", "image": "x", "securityContext": {"privileged": True}}]}),
+        f"{POD}.initContainers[0].securityContext.privileged",
+    ),
+}
+
+
+@pytest.mark.parametrize(("job", "path"), REFUSED.values(), ids=REFUSED.keys())
+def test_restricted_refuses_the_field_and_names_it(job: dict[str, Any], path: str) -> None:
+    with pytest.raises(TemplateError) as raised:
+        check_pod_policy(job, AgentPodPolicy.RESTRICTED)
+    assert path in str(raised.value)
+    assert "--agent-pod-policy=restricted" in str(raised.value)
+    check_pod_policy(job, AgentPodPolicy.UNRESTRICTED)  # the operator's flag turns it off
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        _job(),
+        _job({"serviceAccountName": "default", "automountServiceAccountToken": True}),
+        _job({"imagePullSecrets": [{"name": "registry"}]}),  # the kubelet's, never the container's
+        _job(
+            {"hostNetwork": False}, securityContext={"privileged": False, "allowPrivilegeEscalation": False}
+        ),
+        _job(env=[{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
+        _job({"volumes": [{"name": "cfg", "configMap": {"name": "c"}}, {"name": "tmp", "emptyDir": {}}]}),
+        _job(securityContext={"capabilities": {"add": ["CHOWN"], "drop": ["ALL"]}}),
+    ],
+    ids=[
+        "plain",
+        "default-account",
+        "pull-secret",
+        "explicitly-off",
+        "field-ref",
+        "config-map",
+        "baseline-cap",
+    ],
+)
+def test_restricted_allows_ordinary_agent_pods(job: dict[str, Any]) -> None:
+    check_pod_policy(job, AgentPodPolicy.RESTRICTED)
+
+
+def test_every_violation_is_listed() -> None:
+    job = _job({"hostNetwork": True, "serviceAccountName": "admin"}, securityContext={"privileged": True})
+    assert [path for path, _ in restricted_violations(job)] == [
+        f"{POD}.hostNetwork",
+        f"{POD}.serviceAccountName",
+        f"{AGENT}.securityContext.privileged",
+    ]

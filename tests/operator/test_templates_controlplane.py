@@ -1,0 +1,189 @@
+"""Agent templates on the real control plane: an invalid one fails its run at the start and launches nothing;
+a slow one never stalls another run of the same operator.
+
+Real parts: kube-apiserver, the Job controller, the `asyncrl operator` process with its render workers, the
+gateway sidecar. Stand-ins: the pod runner for a kubelet, `stub_trainer.py` for the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import subprocess
+from typing import Any
+
+import httpx
+import pytest
+
+from asyncrl.gateway.client import GatewayClient
+from asyncrl.operator import names
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.waiting import wait_for
+from tests.operator.conftest import AGENT_TEMPLATE, OperatorStarter, run_manifest
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
+BROKEN = {
+    # a container written as a string (the structure), a Pod instead of a Job, a pod on the node's network
+    "typo": (
+        "apiVersion: batch/v1\nkind: Job\nspec:\n  template:\n    spec:\n      containers: [agent]\n",
+        "spec.template.spec.containers[0]: expected a mapping with name and image, got the string 'agent'",
+    ),
+    "pod": (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: {{ question }}}\n",
+        "must render a batch/v1 Job; got v1/Pod",
+    ),
+    "hostnet": (
+        AGENT_TEMPLATE.replace("      containers:\n", "      hostNetwork: true\n      containers:\n"),
+        "spec.template.spec.hostNetwork: sharing the node's namespaces is not allowed; refused by the "
+        "operator's --agent-pod-policy=restricted",
+    ),
+}
+# Fast for the first row (so the start check passes), a 10**10-step loop for the second: every rollout of
+# that row runs into the render time limit while the operator serves other runs.
+SLOW_FOR_ONE_ROW = (
+    AGENT_TEMPLATE
+    + '{% if question == "and 3+3?" %}{% for i in range(100000) %}{% for j in range(100000) %}'
+    + "{% endfor %}{% endfor %}{% endif %}\n"
+)
+
+
+def _apply(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> None:
+    done = subprocess.run(
+        [*kubectl, "apply", "-n", namespace, "-f", "-"],
+        input=json.dumps(manifest),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _status(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
+    from kubernetes import client
+
+    run: Any = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
+    return dict(run.get("status") or {})
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def _agent_jobs(api_client: Any, namespace: str, run: str) -> list[Any]:
+    from kubernetes import client
+
+    selector = f"{names.AGENT_JOB_SELECTOR},{names.LABEL_RUN}={run}"
+    return list(client.BatchV1Api(api_client).list_namespaced_job(namespace, label_selector=selector).items)
+
+
+def _template_events(kubectl: list[str], namespace: str, run: str) -> list[dict[str, Any]]:
+    listing = subprocess.run(
+        [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [
+        event
+        for event in json.loads(listing.stdout)["items"]
+        if event.get("reason") == "AgentTemplateError" and event["regarding"]["name"] == run
+    ]
+
+
+def _rollout_states(api_client: Any, namespace: str, run: str, port: int) -> dict[str, int]:
+    """The run's rollouts by state, asked of its gateway (the stand-in trainer creates them)."""
+    from kubernetes import client
+
+    secret = client.CoreV1Api(api_client).read_namespaced_secret(
+        names.gateway_key_secret_name(run), namespace
+    )
+    key = base64.b64decode((secret.data or {})["key"]).decode()
+
+    async def ask() -> dict[str, int]:
+        async with GatewayClient(f"http://127.0.0.1:{port}", key) as gateway:
+            try:
+                stats = await gateway.stats()
+            except httpx.TransportError:  # the sidecar is not up yet
+                return {}
+        return dict(stats["rollouts"])
+
+    return asyncio.run(ask())
+
+
+def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_job(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    start_operator()
+    manifests = {name: run_manifest(name, template=template) for name, (template, _) in BROKEN.items()}
+    for manifest in manifests.values():
+        _apply(kubectl, namespace, manifest)
+
+    def failed(name: str) -> dict[str, Any] | None:
+        status = _status(api_client, namespace, name)
+        return status if status.get("phase") == "Failed" else None
+
+    for name, (_, reason) in BROKEN.items():
+        status = wait_for(functools.partial(failed, name), timeout=120, what=f"run {name} to fail")
+        assert reason in status["message"], name
+        condition = _condition(status, "AgentTemplateValid")
+        assert (condition["status"], condition["reason"]) == ("False", "TemplateError"), name
+        assert reason in condition["message"], name
+        (event,) = wait_for(
+            functools.partial(_template_events, kubectl, namespace, name), timeout=30, what="the event"
+        )
+        assert event["type"] == "Warning"
+        assert reason in event["note"]
+        assert "\n" not in event["note"]
+
+    # The stand-in trainer of a failed run still queues its rollouts; the operator claims none of them.
+    port = manifests["typo"]["spec"]["gateway"]["port"]
+    queued = wait_for(
+        lambda: _rollout_states(api_client, namespace, "typo", port).get("queued", 0) >= 4 or None,
+        timeout=120,
+        what="the typo run's trainer to queue its first step's rollouts",
+    )
+    assert queued
+    for name in BROKEN:
+        assert _agent_jobs(api_client, namespace, name) == [], name
+    states = _rollout_states(api_client, namespace, "typo", port)
+    assert (states.get("queued"), states.get("running", 0)) == (4, 0)
+
+
+def test_a_template_that_renders_slowly_for_some_rows_does_not_stall_a_healthy_run(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    operator = start_operator()
+    _apply(kubectl, namespace, run_manifest("slow", template=SLOW_FOR_ONE_ROW, totalSteps=4))
+    wait_for(
+        lambda: _template_events(kubectl, namespace, "slow"),
+        timeout=120,
+        what="the first slow render to fail",
+    )
+    _apply(kubectl, namespace, run_manifest("healthy"))
+
+    status = wait_for(
+        lambda: (s := _status(api_client, namespace, "healthy")).get("phase") == "Succeeded" and s,
+        timeout=240,
+        what="the healthy run to finish while the slow run's renders time out",
+    )
+    assert status["rollouts"]["succeeded"] == 8
+    assert len(_agent_jobs(api_client, namespace, "healthy")) == 8
+    (event, *_) = _template_events(kubectl, namespace, "slow")
+    assert "longer than 5 s to render (the render time limit" in event["note"]
+    # The first row's rollouts of the slow run got their Jobs: only the slow row's renders failed.
+    assert len(_agent_jobs(api_client, namespace, "slow")) >= 2
+    assert operator.process.poll() is None
