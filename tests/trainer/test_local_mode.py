@@ -186,3 +186,28 @@ def test_ctrl_c_stops_every_process_of_the_run_agents_included_within_10_seconds
     assert re.search(r"\d+ agents?; no process of the run is left", output), output
     assert processes_of_run(work_dir) == []
     assert stop_seconds < 10, f"stopping took {stop_seconds:.1f}s"
+
+
+def test_a_run_whose_agents_always_crash_fails_after_max_failed_steps_without_restarts(
+    tmp_path: Path,
+) -> None:
+    """Before: such a run trained nothing and ended 'finished' with exit 0 (every rollout failed)."""
+    path = _manifest(tmp_path, steps=10, every=100)
+    manifest: dict[str, Any] = yaml.safe_load(path.read_text())
+    manifest["spec"]["maxFailedSteps"] = 2
+    template = manifest["spec"]["agents"]["template"]["inline"]
+    manifest["spec"]["agents"]["template"]["inline"] = template.replace(
+        '["python", "-m", "examples.toy_agent.agent"]', '["python", "-c", "raise SystemExit(3)"]'
+    )
+    path.write_text(yaml.safe_dump(manifest))
+    process = _local_run(tmp_path, path)
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:
+        kill_what_is_left(process, tmp_path / "work")
+    assert process.returncode == 79, output
+    assert "trainer stopped (run failed, exit code 79), not restarted" in output
+    assert "spec.maxFailedSteps" in output
+    assert "restarting it" not in output
+    assert [row["step"] for row in _metrics(tmp_path)] == [0, 1]
+    assert processes_of_run(tmp_path / "work") == []

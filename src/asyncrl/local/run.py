@@ -32,6 +32,7 @@ from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.local.agents import LocalAgents
 from asyncrl.testing.controlplane import free_port
+from asyncrl.trainer.failures import EXIT_CONFIG_ERROR, PERMANENT_EXIT_CODES
 
 logger = logging.getLogger(__name__)
 
@@ -367,11 +368,29 @@ async def _supervise_trainer(trainer: _Process, out: TextIO) -> int:
         code = await trainer.wait()
         if code == 0:
             return 0
+        if code in PERMANENT_EXIT_CODES:  # a restart cures neither a wrong setting nor a stuck run
+            what = "configuration error" if code == EXIT_CONFIG_ERROR else "run failed"
+            out.write(
+                f"trainer stopped ({what}, exit code {code}), not restarted: {_last_line(trainer.log_path)}\n"
+            )
+            out.flush()
+            return code
         if attempt < TRAINER_RESTARTS:
             out.write(f"trainer exited with {code}; restarting it (it resumes from its checkpoint)\n")
             out.flush()
     out.write(f"trainer failed {TRAINER_RESTARTS + 1} times; see {trainer.log_path}\n")
     return code
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log (where the trainer states why it stopped)."""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, log.seek(0, 2) - 8192))
+            lines = [line.strip() for line in log.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return f"see {path}"
+    return next((line for line in reversed(lines) if line), f"see {path}")
 
 
 def run(args: argparse.Namespace) -> int:
