@@ -20,7 +20,7 @@ What it measures
     Rollout durations D are log-normal with mean --mean-rollout-seconds and sigma in --sigmas, drawn from one
     seed: group k gets the same n durations in every mode, so all modes see the same load.
     Modes: sync (window = trainBatchSize, update when every group of the step is done) and async with
-    asyncTrainBatchSize = m x trainBatchSize for m in --multipliers. The first --warmup-steps steps (window
+    windowSize = m x trainBatchSize for m in --multipliers. The first --warmup-steps steps (window
     fill) are not measured.
 
 How to read it
@@ -386,15 +386,15 @@ async def run_all(args: argparse.Namespace) -> dict[float, list[RunResult]]:
                         seed=args.seed,
                     ),
                 )
-                modes = [("sync", WindowConfig(train_batch_size=batch, rollout_n=args.rollout_n))]
+                modes = [("sync", WindowConfig(train_batch_size=batch, samples_per_prompt=args.rollout_n))]
                 modes += [
                     (
                         f"async {m}x",
                         WindowConfig(
                             train_batch_size=batch,
-                            rollout_n=args.rollout_n,
+                            samples_per_prompt=args.rollout_n,
                             async_enabled=True,
-                            async_train_batch_size=m * batch,
+                            async_window_size=m * batch,
                         ),
                     )
                     for m in multipliers

@@ -3,10 +3,10 @@
 What it runs
     A small Llama (random weights, the reference backend's byte tokenizer with its ChatML template) is written
     to --work-dir/model as a Hugging Face model directory: nothing is downloaded, so it runs on a machine
-    without network. Then `asyncrl local run` with the toy agent of the quickstart and `trainer.backend: verl`
+    without network. Then `asyncrl local run` with the toy agent of the quickstart and `trainer.backend: Verl`
     on 1 GPU: the real gateway, the real trainer (verl's colocate_async machinery: FSDP actor and a vLLM
     replica on the same GPU, sleep/wake around each update) and local agents. --steps updates (default 3),
-    asynchronously (asyncTrainBatchSize = 2 x trainBatchSize).
+    asynchronously (windowSize = 2 x trainBatchSize).
 
 What it prints
     The local run's status lines while it runs; then per step the six window metrics (the seed's), the step
@@ -66,9 +66,9 @@ def manifest(model_dir: Path, steps: int) -> dict[str, Any]:
     spec = run["spec"]
     spec["model"] = {"name": "smoke-policy", "path": str(model_dir)}
     spec["totalSteps"] = steps
-    spec["logging"] = {"wandb": {"mode": "disabled"}}
+    spec["logging"] = {"wandb": {"mode": "Disabled"}}
     spec["trainer"] = {
-        "backend": "verl",
+        "backend": "Verl",
         "gpus": 1,
         "checkpoint": {"everySteps": steps},
         "verlOverrides": {

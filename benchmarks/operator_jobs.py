@@ -213,8 +213,8 @@ def run_manifest(name: str, *, gateway_port: int, jobs_per_minute: int) -> dict[
             "model": {"name": "tiny", "path": "/models/tiny"},
             "data": {"inline": [{"question": "unused: the benchmark creates the rollouts"}]},
             "trainBatchSize": 1,
-            "rollout": {"n": 1},
-            "trainer": {"backend": "reference", "image": IDLE_TRAINER_IMAGE, "gpus": 0},
+            "rollout": {"samplesPerPrompt": 1},
+            "trainer": {"backend": "Reference", "image": IDLE_TRAINER_IMAGE, "gpus": 0},
             "gateway": {
                 "image": GATEWAY_IMAGE,
                 "port": gateway_port,
@@ -225,7 +225,7 @@ def run_manifest(name: str, *, gateway_port: int, jobs_per_minute: int) -> dict[
                 "maxJobsPerMinute": jobs_per_minute,
                 "ttlSecondsAfterFinished": 600,
             },
-            "logging": {"wandb": {"mode": "disabled"}},
+            "logging": {"wandb": {"mode": "Disabled"}},
         },
     }
 

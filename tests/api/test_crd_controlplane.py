@@ -88,7 +88,7 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
         "port": 8090,
         "retryAfterSeconds": 5,
     }
-    assert stored["logging"] == {"wandb": {"mode": "offline"}}
+    assert stored["logging"] == {"wandb": {"mode": "Offline"}}
     assert stored["async"]["stalenessPolicy"] == "cancel"
     # Every default the server filled is the one pydantic fills, and nothing else differs.
     assert stored == load_run(load_example("run-minimal.yaml")).spec.to_wire()
@@ -100,27 +100,27 @@ def test_async_window_not_above_train_batch_is_rejected_with_the_2x_advice(
     out = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-invalid-async.yaml"))
 
     assert out.returncode != 0
-    assert "spec.async.asyncTrainBatchSize" in out.stderr
+    assert "spec.async.windowSize" in out.stderr
     advice = (
-        "asyncTrainBatchSize (2) must be greater than trainBatchSize (2) when async is enabled; "
-        "try asyncTrainBatchSize: 4 (2 x trainBatchSize)"
+        "windowSize (2) must be greater than trainBatchSize (2) when async is enabled; "
+        "try windowSize: 4 (2 x trainBatchSize)"
     )
     assert advice in out.stderr
     # Local mode says the same.
-    with pytest.raises(InvalidRunError, match=r"try asyncTrainBatchSize: 4 \(2 x trainBatchSize\)"):
+    with pytest.raises(InvalidRunError, match=r"try windowSize: 4 \(2 x trainBatchSize\)"):
         load_run(load_example("run-invalid-async.yaml"))
 
 
 def test_async_enabled_without_a_window_size_is_rejected(
     kubectl: list[str], namespace: str, minimal_manifest: dict[str, Any]
 ) -> None:
-    del minimal_manifest["spec"]["async"]["asyncTrainBatchSize"]
+    del minimal_manifest["spec"]["async"]["windowSize"]
 
     out = _apply(kubectl, namespace, minimal_manifest)
 
     assert out.returncode != 0
-    assert "asyncTrainBatchSize (unset) must be greater than trainBatchSize (2)" in out.stderr
-    assert "try asyncTrainBatchSize: 4" in out.stderr
+    assert "windowSize (unset) must be greater than trainBatchSize (2)" in out.stderr
+    assert "try windowSize: 4" in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -172,10 +172,10 @@ def test_agent_template_needs_exactly_one_source(
     [
         ({"spec": {"trainBatchSize": 3}}, "trainBatchSize"),
         ({"spec": {"model": {"name": "other"}}}, "model"),
-        ({"spec": {"rollout": {"n": 8}}}, "rollout.n"),
-        ({"spec": {"trainer": {"backend": "verl"}}}, "trainer.backend"),
+        ({"spec": {"rollout": {"samplesPerPrompt": 8}}}, "rollout.samplesPerPrompt"),
+        ({"spec": {"trainer": {"backend": "Verl"}}}, "trainer.backend"),
         ({"spec": {"async": {"enabled": False}}}, "async.enabled"),
-        ({"spec": {"async": {"asyncTrainBatchSize": 6}}}, "async.asyncTrainBatchSize"),
+        ({"spec": {"async": {"windowSize": 6}}}, "async.windowSize"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -303,12 +303,12 @@ def test_status_is_written_through_the_status_subresource_and_shown_by_kubectl(
 SPEC_CASES: dict[str, tuple[Any, str | None]] = {
     "minimal": (lambda spec: None, None),
     "async-window-equal": (
-        lambda spec: spec["async"].update(asyncTrainBatchSize=2),
-        "spec.async.asyncTrainBatchSize",
+        lambda spec: spec["async"].update(windowSize=2),
+        "spec.async.windowSize",
     ),
     "async-window-unset": (
-        lambda spec: spec["async"].pop("asyncTrainBatchSize"),
-        "spec.async.asyncTrainBatchSize",
+        lambda spec: spec["async"].pop("windowSize"),
+        "spec.async.windowSize",
     ),
     "sync-without-window": (lambda spec: spec.update({"async": {"enabled": False}}), None),
     "train-batch-zero": (lambda spec: spec.update(trainBatchSize=0), "spec.trainBatchSize"),
@@ -365,7 +365,7 @@ def test_local_mode_rejects_exactly_what_the_api_server_rejects(
 
 
 @pytest.mark.parametrize(
-    ("train_batch_size", "async_train_batch_size"),
+    ("train_batch_size", "async_window_size"),
     [(1, 1), (7, None), (10, 10), (12345, 100), (54321, 54321), (100_000, 100_000), (100_000, 99_999)],
 )
 def test_the_server_words_the_async_rule_exactly_as_local_mode(
@@ -373,21 +373,19 @@ def test_the_server_words_the_async_rule_exactly_as_local_mode(
     namespace: str,
     minimal_manifest: dict[str, Any],
     train_batch_size: int,
-    async_train_batch_size: int | None,
+    async_window_size: int | None,
 ) -> None:
     spec = minimal_manifest["spec"]
     spec["trainBatchSize"] = train_batch_size
     spec["async"] = {"enabled": True}
-    if async_train_batch_size is not None:
-        spec["async"]["asyncTrainBatchSize"] = async_train_batch_size
+    if async_window_size is not None:
+        spec["async"]["windowSize"] = async_window_size
 
     server, local = _server_verdict(api_client, namespace, minimal_manifest), _local_verdict(minimal_manifest)
 
     assert server is not None
     assert local is not None
-    local_message = local.splitlines()[
-        -1
-    ].strip()  # "spec.async.asyncTrainBatchSize: asyncTrainBatchSize (..."
-    assert local_message.startswith("spec.async.asyncTrainBatchSize: ")
-    assert local_message.removeprefix("spec.async.asyncTrainBatchSize: ") in server
-    assert f"try asyncTrainBatchSize: {2 * train_batch_size} (2 x trainBatchSize)" in server
+    local_message = local.splitlines()[-1].strip()  # "spec.async.windowSize: windowSize (..."
+    assert local_message.startswith("spec.async.windowSize: ")
+    assert local_message.removeprefix("spec.async.windowSize: ") in server
+    assert f"try windowSize: {2 * train_batch_size} (2 x trainBatchSize)" in server

@@ -180,11 +180,11 @@ def test_async_rule_is_enforced_at_admission_with_its_advice() -> None:
     (window,) = [
         rule
         for rule in rules
-        if rule.get("fieldPath") == ".async.asyncTrainBatchSize" and "oldSelf" not in rule["rule"]
+        if rule.get("fieldPath") == ".async.windowSize" and "oldSelf" not in rule["rule"]
     ]
     assert window["rule"] == (
         "!has(self.async) || !self.async.enabled || "
-        "(has(self.async.asyncTrainBatchSize) && self.async.asyncTrainBatchSize > self.trainBatchSize)"
+        "(has(self.async.windowSize) && self.async.windowSize > self.trainBatchSize)"
     )
     assert "2 x trainBatchSize" in window["message"]
     assert "(2 x trainBatchSize)" in window["messageExpression"]
@@ -198,7 +198,7 @@ def test_every_immutable_field_has_a_transition_rule() -> None:
         assert "create a new AsyncTrainingRun" in rule["message"], path
 
 
-def test_yaml_1_1_readers_see_the_key_n_not_false() -> None:
+def test_yaml_1_1_readers_see_no_boolean_key() -> None:
     """kubectl and Helm read YAML 1.1, where a bare `n` is the boolean false."""
 
     class Yaml11Loader(yaml.SafeLoader):
@@ -210,7 +210,16 @@ def test_yaml_1_1_readers_see_the_key_n_not_false() -> None:
     rollout = _version(as_kubectl_reads_it)["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "rollout"
     ]
-    assert list(rollout["properties"]) == ["n"]
+    assert list(rollout["properties"]) == ["samplesPerPrompt"]
+
+    def keys(node: object) -> list[object]:
+        if isinstance(node, dict):
+            return [*node, *(key for value in node.values() for key in keys(value))]
+        if isinstance(node, list):
+            return [key for item in node for key in keys(item)]
+        return []
+
+    assert not [key for key in keys(as_kubectl_reads_it) if isinstance(key, bool)]
 
 
 def test_unions_without_a_structural_form_are_refused() -> None:

@@ -39,7 +39,7 @@ def test_example_is_valid_and_its_template_renders_a_job(name: str) -> None:
 
 
 def test_the_invalid_example_is_rejected_with_the_advice() -> None:
-    with pytest.raises(InvalidRunError, match="asyncTrainBatchSize"):
+    with pytest.raises(InvalidRunError, match="windowSize"):
         load_run(_manifest("run-invalid-async.yaml"))
 
 

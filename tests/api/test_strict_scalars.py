@@ -60,7 +60,13 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
 
 def test_the_schema_has_the_scalars_this_test_is_about() -> None:
     found = {".".join(path) for path, _ in SCALARS}
-    assert {"async.enabled", "trainBatchSize", "rollout.n", "suspend", "rolloutCorrection.threshold"} <= found
+    assert {
+        "async.enabled",
+        "trainBatchSize",
+        "rollout.samplesPerPrompt",
+        "suspend",
+        "rolloutCorrection.threshold",
+    } <= found
 
 
 @pytest.mark.parametrize(("path", "kind"), SCALARS, ids=[".".join(path) for path, _ in SCALARS])
@@ -87,6 +93,6 @@ def test_a_number_field_takes_an_integer_as_the_api_server_does() -> None:
 
 
 def test_unquoted_yaml_booleans_and_integers_still_load() -> None:
-    run = load_run(_with(("async",), {"enabled": True, "asyncTrainBatchSize": 16}))
+    run = load_run(_with(("async",), {"enabled": True, "windowSize": 16}))
     assert run.spec.async_.enabled is True
-    assert run.spec.async_.async_train_batch_size == 16
+    assert run.spec.async_.window_size == 16

@@ -59,14 +59,14 @@ def test_minimal_example_loads_and_configures_the_window() -> None:
     assert run.name == "minimal"
     assert run.spec.trainer.backend is TrainerBackend.REFERENCE
     assert run.spec.window_config() == WindowConfig(
-        train_batch_size=2, rollout_n=2, async_enabled=True, async_train_batch_size=4
+        train_batch_size=2, samples_per_prompt=2, async_enabled=True, async_window_size=4
     )
 
 
 def test_invalid_example_is_rejected_with_the_2x_advice_at_the_field() -> None:
     assert _errors(load_example("run-invalid-async.yaml")) == [
-        "spec.async.asyncTrainBatchSize: asyncTrainBatchSize (2) must be greater than trainBatchSize (2) "
-        "when async is enabled; try asyncTrainBatchSize: 4 (2 x trainBatchSize)"
+        "spec.async.windowSize: windowSize (2) must be greater than trainBatchSize (2) "
+        "when async is enabled; try windowSize: 4 (2 x trainBatchSize)"
     ]
 
 
@@ -75,14 +75,12 @@ def test_async_window_is_valid_exactly_when_it_exceeds_the_train_batch(train: in
     spec = {
         **REQUIRED_ONLY_SPEC,
         "trainBatchSize": train,
-        "async": {"enabled": True, "asyncTrainBatchSize": window},
+        "async": {"enabled": True, "windowSize": window},
     }
     if window > train:
         assert load_run(_manifest(spec)).spec.window_config().window_size == window
     else:
-        with pytest.raises(
-            InvalidRunError, match=rf"try asyncTrainBatchSize: {2 * train} \(2 x trainBatchSize\)"
-        ):
+        with pytest.raises(InvalidRunError, match=rf"try windowSize: {2 * train} \(2 x trainBatchSize\)"):
             load_run(_manifest(spec))
 
 
@@ -102,7 +100,7 @@ def test_sync_mode_needs_no_window_size() -> None:
             "gateway": {"keySecretRef": {"name": "gateway-key"}},
             "trainer": {"checkpoint": {"claimName": "ckpt"}},
             "logging": {"wandb": {"apiKeySecretRef": {"name": "wandb", "key": "api-key"}}},
-            "async": {"enabled": True, "asyncTrainBatchSize": 16},
+            "async": {"enabled": True, "windowSize": 16},
         },
     ],
     ids=["required-only", "optional-objects"],
@@ -117,18 +115,18 @@ def test_documented_defaults() -> None:
     assert spec.to_wire() == {
         **REQUIRED_ONLY_SPEC,
         "data": {"path": "/data/rows.jsonl", "shuffle": True, "seed": 0},
-        "rollout": {"n": 4},
+        "rollout": {"samplesPerPrompt": 4},
         "rolloutTimeoutSeconds": 1800,
         "maxFailedSteps": 3,
-        "async": {"enabled": False, "stalenessPolicy": "cancel"},
-        "rolloutCorrection": {"mode": "token", "threshold": 2.0},
+        "async": {"enabled": False, "stalenessPolicy": "Cancel"},
+        "rolloutCorrection": {"mode": "Token", "threshold": 2.0},
         "trainer": {
-            "backend": "verl",
+            "backend": "Verl",
             "image": "ghcr.io/asyncrl/trainer:0.1.0",
             "gpus": 1,
             "checkpoint": {"everySteps": 10},
-            "fillReward": 0.0,
-            "level": "trajectory",
+            "failedRolloutReward": 0.0,
+            "sampleLevel": "Trajectory",
         },
         "gateway": {"image": "ghcr.io/asyncrl/gateway:0.1.0", "port": 8090, "retryAfterSeconds": 5},
         "agents": {
@@ -136,7 +134,7 @@ def test_documented_defaults() -> None:
             "maxJobsPerMinute": 100,
             "ttlSecondsAfterFinished": 1200,
         },
-        "logging": {"wandb": {"mode": "offline"}},
+        "logging": {"wandb": {"mode": "Offline"}},
         "suspend": False,
     }
 
@@ -196,12 +194,12 @@ def test_python_code_may_use_snake_case_names() -> None:
             "model": {"name": "m", "path": "p"},
             "data": {"path": "/rows.jsonl"},
             "train_batch_size": 2,
-            "async_": {"enabled": True, "async_train_batch_size": 4, "staleness_policy": "keep"},
+            "async_": {"enabled": True, "window_size": 4, "staleness_policy": "Keep"},
             "agents": {"template": {"config_map_ref": {"name": "t", "key": "job"}}},
         }
     )
     assert spec.async_.staleness_policy is StalenessPolicy.KEEP
-    assert spec.to_wire()["async"]["asyncTrainBatchSize"] == 4
+    assert spec.to_wire()["async"]["windowSize"] == 4
 
 
 def test_changing_what_a_run_trains_is_rejected_like_the_transition_rules() -> None:
@@ -240,3 +238,33 @@ def test_spec_wire_names() -> None:
         "logging",
         "suspend",
     }
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (("rollout", "n"), "spec.rollout.samplesPerPrompt"),
+        (("async", "asyncTrainBatchSize"), "spec.async.windowSize"),
+        (("trainer", "level"), "spec.trainer.sampleLevel"),
+        (("trainer", "fillReward"), "spec.trainer.failedRolloutReward"),
+    ],
+)
+def test_a_field_renamed_before_the_release_names_its_new_name(old: tuple[str, str], new: str) -> None:
+    manifest = _manifest(copy.deepcopy(REQUIRED_ONLY_SPEC))
+    manifest["spec"].setdefault(old[0], {})[old[1]] = 4
+    with pytest.raises(InvalidRunError) as raised:
+        load_run(manifest)
+    assert f"spec.{'.'.join(old)}: renamed to {new} (CHANGELOG.md)" in str(raised.value)
+
+
+@pytest.mark.parametrize("key", [False, True, "false"])
+def test_a_key_yaml_read_as_a_boolean_is_named_with_the_fix(key: object) -> None:
+    manifest = _manifest(copy.deepcopy(REQUIRED_ONLY_SPEC))
+    manifest["spec"]["rollout"] = {key: 4}
+    with pytest.raises(InvalidRunError) as raised:
+        load_run(manifest)
+    message = str(raised.value)
+    assert "spec.rollout: the key" in message
+    assert "how YAML 1.1 reads a bare y, n, yes, no, on or off" in message
+    assert "rename it (rollout.samplesPerPrompt) or quote it" in message
+

@@ -62,13 +62,13 @@ def run_manifest(name: str, *, template: str = AGENT_TEMPLATE, **spec: Any) -> d
             "model": {"name": "tiny", "path": "/models/tiny"},
             "data": {"inline": [{"question": "what is 2+2?"}, {"question": "and 3+3?"}]},
             "trainBatchSize": 1,
-            "rollout": {"n": 2},
-            "async": {"enabled": True, "asyncTrainBatchSize": 2},
+            "rollout": {"samplesPerPrompt": 2},
+            "async": {"enabled": True, "windowSize": 2},
             "totalSteps": 2,
-            "trainer": {"backend": "reference", "image": TRAINER_IMAGE, "gpus": 0},
+            "trainer": {"backend": "Reference", "image": TRAINER_IMAGE, "gpus": 0},
             "gateway": {"image": GATEWAY_IMAGE, "port": port, "agentURL": f"http://127.0.0.1:{port}"},
             "agents": {"template": {"inline": template}, "ttlSecondsAfterFinished": 600},
-            "logging": {"wandb": {"mode": "disabled"}},
+            "logging": {"wandb": {"mode": "Disabled"}},
         },
     }
     body["spec"].update(spec)

@@ -16,7 +16,7 @@ def _run(**spec: Any) -> tuple[dict[str, Any], Any]:
 
 
 def test_the_gateway_is_a_native_sidecar_and_the_trainer_holds_the_gpus() -> None:
-    run, spec = _run(trainer={"backend": "reference", "gpus": 2})
+    run, spec = _run(trainer={"backend": "Reference", "gpus": 2})
     pod = children.trainer_job(run, spec)["spec"]["template"]["spec"]
     (gateway,) = pod["initContainers"]
     (trainer,) = pod["containers"]
@@ -35,7 +35,7 @@ def test_the_gateway_is_a_native_sidecar_and_the_trainer_holds_the_gpus() -> Non
 
 
 def test_a_verl_trainer_pod_gets_a_memory_backed_dev_shm() -> None:
-    run, spec = _run(trainer={"backend": "verl", "gpus": 1})
+    run, spec = _run(trainer={"backend": "Verl", "gpus": 1})
     pod = children.trainer_job(run, spec)["spec"]["template"]["spec"]
     (trainer,) = pod["containers"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]  # Ray, NCCL, vLLM

@@ -77,15 +77,15 @@ def test_apply_trains_with_carry_over_and_delete_leaves_nothing(
     spec["data"]["inline"] = [
         {"prompt": p, "target": "ab", "tool_seconds": 0.2} for p in ("a", "b", "c", "d")
     ]
-    spec.update(trainBatchSize=2, rollout={"n": 2}, rolloutTimeoutSeconds=120)
-    spec["async"] = {"enabled": True, "asyncTrainBatchSize": 4}
+    spec.update(trainBatchSize=2, rollout={"samplesPerPrompt": 2}, rolloutTimeoutSeconds=120)
+    spec["async"] = {"enabled": True, "windowSize": 4}
     spec["trainer"] = {
-        "backend": "reference",
+        "backend": "Reference",
         "image": TRAINER_IMAGE,
         "gpus": 0,
         "checkpoint": {"everySteps": 2},
     }
-    spec["logging"] = {"wandb": {"mode": "offline", "project": "e2e"}}
+    spec["logging"] = {"wandb": {"mode": "Offline", "project": "e2e"}}
     applied = subprocess.run(
         [*kubectl, "apply", "-n", namespace, "-f", "-"],
         input=json.dumps(manifest),

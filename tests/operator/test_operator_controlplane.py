@@ -145,10 +145,10 @@ def test_bad_manifests_are_rejected_by_the_api_server(
 ) -> None:
     cases = {
         "async-window": (
-            {"async": {"enabled": True, "asyncTrainBatchSize": 1}},
-            ["asyncTrainBatchSize", "trainBatchSize", "2"],
+            {"async": {"enabled": True, "windowSize": 1}},
+            ["windowSize", "trainBatchSize", "2"],
         ),
-        "zero-n": ({"rollout": {"n": 0}}, ["rollout.n", "0"]),
+        "zero-n": ({"rollout": {"samplesPerPrompt": 0}}, ["rollout.samplesPerPrompt", "0"]),
         "no-template": ({"agents": {"template": {}}}, ["configMapRef", "inline"]),
     }
     for name, (spec, words) in cases.items():
@@ -194,7 +194,7 @@ def test_job_creation_is_rate_limited(
     start_operator: OperatorStarter,
 ) -> None:
     start_operator()
-    manifest = run_manifest("limited", totalSteps=1, rollout={"n": 3})
+    manifest = run_manifest("limited", totalSteps=1, rollout={"samplesPerPrompt": 3})
     manifest["spec"]["agents"]["maxJobsPerMinute"] = 4
     assert _apply(kubectl, namespace, manifest).returncode == 0
     wait_for(lambda: len(_agent_jobs(api_client, namespace)) >= 4, timeout=90, what="the first 4 Jobs")

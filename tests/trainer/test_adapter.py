@@ -19,14 +19,14 @@ from asyncrl.trainer.adapter import (
     AdapterCounts,
     AdapterResult,
     RolloutEvents,
-    RowLevel,
+    SampleLevel,
     adapt_rollout,
     group_rewards,
     rollout_reward,
 )
 
 TRAJECTORY = AdapterConfig()
-TRANSITION = AdapterConfig(level=RowLevel.TRANSITION)
+TRANSITION = AdapterConfig(sample_level=SampleLevel.TRANSITION)
 
 
 def call(
@@ -255,7 +255,7 @@ def test_all_attempts_count_when_the_rollout_names_none() -> None:
 
 
 def test_long_response_is_truncated_and_counted() -> None:
-    config = AdapterConfig(level=RowLevel.TRANSITION, max_response_tokens=2)
+    config = AdapterConfig(sample_level=SampleLevel.TRANSITION, max_response_tokens=2)
     result = adapt(document(call([1], [2, 3, 4], started_at=1.0, logprobs=[-1.0, -2.0, -3.0])), config)
     (row,) = result.rows
     assert row.response_token_ids == (2, 3)
@@ -265,7 +265,7 @@ def test_long_response_is_truncated_and_counted() -> None:
 
 
 def test_long_prompt_drops_the_row_and_counts_it() -> None:
-    config = AdapterConfig(level=RowLevel.TRANSITION, max_prompt_tokens=2)
+    config = AdapterConfig(sample_level=SampleLevel.TRANSITION, max_prompt_tokens=2)
     doc = document(call([1, 2, 3], [4], started_at=1.0), call([1, 2], [5], started_at=2.0))
     result = adapt(doc, config)
     assert [row.prompt_token_ids for row in result.rows] == [(1, 2)]
@@ -304,7 +304,7 @@ def test_model_version_ignores_calls_cut_off_by_truncation() -> None:
 
 @pytest.mark.parametrize("state", ["failed", "timed_out", "cancelled"])
 def test_failed_rollout_gets_the_fill_reward_and_stays_in_its_group(state: str) -> None:
-    config = AdapterConfig(fill_reward=-1.0)
+    config = AdapterConfig(failed_rollout_reward=-1.0)
     failed = adapt(
         document(call([1], [2], started_at=1.0), state=state, reward=None, rollout_id="r2"), config
     )
@@ -315,7 +315,7 @@ def test_failed_rollout_gets_the_fill_reward_and_stays_in_its_group(state: str) 
 
 
 def test_failed_rollout_without_calls_produces_no_rows_but_keeps_its_reward_in_the_group() -> None:
-    config = AdapterConfig(fill_reward=-1.0)
+    config = AdapterConfig(failed_rollout_reward=-1.0)
     failed = adapt(document(state="timed_out", reward=None, rollout_id="r2"), config)
     succeeded = adapt(document(call([1], [3], started_at=1.0), rollout_id="r1"), config)
     assert failed.rows == ()
@@ -331,14 +331,16 @@ def test_reward_posted_by_a_failed_rollout_is_ignored() -> None:
 
 
 def test_succeeded_rollout_without_reward_gets_the_fill_reward_by_default() -> None:
-    result = adapt(document(call([1], [2], started_at=1.0), reward=None), AdapterConfig(fill_reward=-0.5))
+    result = adapt(
+        document(call([1], [2], started_at=1.0), reward=None), AdapterConfig(failed_rollout_reward=-0.5)
+    )
     assert result.reward == -0.5
     assert result.counts.rollouts_missing_reward == 1
     assert result.counts.rollouts_failed == 0
 
 
 def test_succeeded_rollout_without_reward_gets_missing_reward_when_set() -> None:
-    config = AdapterConfig(fill_reward=-1.0, missing_reward=0.0)
+    config = AdapterConfig(failed_rollout_reward=-1.0, missing_reward=0.0)
     assert adapt(document(call([1], [2], started_at=1.0), reward=None), config).reward == 0.0
     assert adapt(document(state="failed"), config).reward == -1.0
 
@@ -393,7 +395,7 @@ def test_malformed_document_is_rejected() -> None:
 
 def test_config_rejects_a_non_finite_reward_and_unknown_fields() -> None:
     with pytest.raises(ValidationError):
-        AdapterConfig(fill_reward=math.nan)
+        AdapterConfig(failed_rollout_reward=math.nan)
     with pytest.raises(ValidationError):
         AdapterConfig.model_validate({"levle": "transition"})
 

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, RowLevel, adapt_rollout
+from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, SampleLevel, adapt_rollout
 
 TOKENS = st.lists(st.integers(0, 50), max_size=8)
 LOG_PROB = st.floats(-20.0, 0.0, allow_nan=False)
@@ -126,7 +126,7 @@ def test_trajectory_level_recovers_one_row_of_responses_and_inserted_context(
 @given(conversation=conversations(), seed=st.integers(0, 2**16))
 def test_transition_level_makes_one_row_per_call(conversation: Conversation, seed: int) -> None:
     calls = conversation.calls()
-    config = UNLIMITED.model_copy(update={"level": RowLevel.TRANSITION})
+    config = UNLIMITED.model_copy(update={"sample_level": SampleLevel.TRANSITION})
     result = adapt_rollout(document(shuffled(calls, seed)), group_id="g1", config=config)
 
     assert len(result.rows) == len(calls)
@@ -191,7 +191,7 @@ def arbitrary_calls(draw: st.DrawFn) -> list[dict[str, Any]]:
 @settings(max_examples=200, deadline=None)
 @given(
     calls=arbitrary_calls(),
-    level=st.sampled_from(RowLevel),
+    level=st.sampled_from(SampleLevel),
     max_prompt_tokens=st.integers(1, 20),
     max_response_tokens=st.integers(1, 20),
     state=st.sampled_from(["succeeded", "failed", "timed_out", "cancelled"]),
@@ -200,7 +200,7 @@ def arbitrary_calls(draw: st.DrawFn) -> list[dict[str, Any]]:
 )
 def test_rows_always_align_respect_limits_and_every_call_is_accounted_for(
     calls: list[dict[str, Any]],
-    level: RowLevel,
+    level: SampleLevel,
     max_prompt_tokens: int,
     max_response_tokens: int,
     state: str,
@@ -208,10 +208,10 @@ def test_rows_always_align_respect_limits_and_every_call_is_accounted_for(
     final_attempt: str | None,
 ) -> None:
     config = AdapterConfig(
-        level=level,
+        sample_level=level,
         max_prompt_tokens=max_prompt_tokens,
         max_response_tokens=max_response_tokens,
-        fill_reward=-1.0,
+        failed_rollout_reward=-1.0,
     )
     doc = document(calls, state=state, reward=reward)
     doc["rollout"]["attempt_id"] = final_attempt
@@ -240,7 +240,7 @@ def test_rows_always_align_respect_limits_and_every_call_is_accounted_for(
     assert counts.truncated_rows == sum(row.truncated for row in result.rows)
     assert counts.trained_tokens == sum(sum(row.response_mask) for row in result.rows)
     assert counts.rollouts_without_rows == (not result.rows)
-    if level is RowLevel.TRANSITION:
+    if level is SampleLevel.TRANSITION:
         assert candidate_rows == used_calls
         assert counts.trajectory_breaks == 0
     else:

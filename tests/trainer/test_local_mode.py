@@ -43,8 +43,8 @@ def _manifest(tmp_path: Path, *, steps: int, every: int, tool_seconds: float = 0
         {"prompt": p, "target": "ab", "tool_seconds": tool_seconds} for p in ("w", "x", "y", "z")
     ]
     spec.update(trainBatchSize=2, totalSteps=steps)
-    spec["rollout"]["n"] = 2
-    spec["async"]["asyncTrainBatchSize"] = 4
+    spec["rollout"]["samplesPerPrompt"] = 2
+    spec["async"]["windowSize"] = 4
     spec["trainer"]["checkpoint"]["everySteps"] = every
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(manifest))

@@ -201,7 +201,7 @@ async def _agents(gateway_url: str, stop: asyncio.Event) -> None:
 def _settings(*, steps: int, checkpoint_dir: Path | None, every: int = 1) -> LoopSettings:
     return LoopSettings(
         window=WindowConfig(
-            train_batch_size=TRAIN_BATCH, rollout_n=2, async_enabled=True, async_train_batch_size=4
+            train_batch_size=TRAIN_BATCH, samples_per_prompt=2, async_enabled=True, async_window_size=4
         ),
         adapter=AdapterConfig(),
         rollout_timeout_seconds=60,

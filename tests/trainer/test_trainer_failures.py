@@ -69,15 +69,15 @@ def _report(gateway: RunningGateway) -> dict[str, Any] | None:
 def test_a_configuration_error_exits_with_its_own_code_and_is_reported(
     bare_gateway: RunningGateway, tmp_path: Path
 ) -> None:
-    manifest = _manifest(tmp_path, **{"async": {"enabled": True, "asyncTrainBatchSize": 2}})
+    manifest = _manifest(tmp_path, **{"async": {"enabled": True, "windowSize": 2}})
     trainer = _trainer(manifest, bare_gateway, tmp_path)
     output, _ = trainer.communicate(timeout=120)
     assert trainer.returncode == EXIT_CONFIG_ERROR, output
-    assert "asyncTrainBatchSize" in output
+    assert "windowSize" in output
     report = _report(bare_gateway)
     assert report is not None
     assert report["outcome"] == "config_error"
-    assert "asyncTrainBatchSize (2) must be greater than trainBatchSize (4)" in report["message"]
+    assert "windowSize (2) must be greater than trainBatchSize (4)" in report["message"]
 
 
 @pytest.mark.slow

@@ -23,15 +23,15 @@ SUCCEEDED = RolloutState.SUCCEEDED
 def async_config(**overrides: Any) -> WindowConfig:
     values: dict[str, Any] = {
         "train_batch_size": 2,
-        "rollout_n": 2,
+        "samples_per_prompt": 2,
         "async_enabled": True,
-        "async_train_batch_size": 4,
+        "async_window_size": 4,
     }
     return WindowConfig(**(values | overrides))
 
 
 def add(window: RolloutWindow, group_id: str, *, step: int) -> Group:
-    n = window.config.rollout_n
+    n = window.config.samples_per_prompt
     return window.add_group(group_id=group_id, rollout_ids=[f"{group_id}/{i}" for i in range(n)], step=step)
 
 
@@ -48,7 +48,7 @@ def fill(window: RolloutWindow, *, step: int, prefix: str = "g") -> list[Group]:
 
 
 def test_async_is_off_by_default_and_the_window_is_one_batch() -> None:
-    config = WindowConfig(train_batch_size=8, rollout_n=4)
+    config = WindowConfig(train_batch_size=8, samples_per_prompt=4)
     assert not config.async_enabled
     assert config.window_size == 8
     assert config.max_carry_over_age_steps is None
@@ -56,29 +56,29 @@ def test_async_is_off_by_default_and_the_window_is_one_batch() -> None:
 
 
 def test_async_window_size_is_async_train_batch_size() -> None:
-    assert async_config(train_batch_size=32, async_train_batch_size=64).window_size == 64
+    assert async_config(train_batch_size=32, async_window_size=64).window_size == 64
 
 
-@pytest.mark.parametrize("async_train_batch_size", [None, 16, 32])
+@pytest.mark.parametrize("async_window_size", [None, 16, 32])
 def test_async_requires_async_train_batch_size_greater_than_train_batch_size(
-    async_train_batch_size: int | None,
+    async_window_size: int | None,
 ) -> None:
     with pytest.raises(ValidationError) as error:
-        async_config(train_batch_size=32, async_train_batch_size=async_train_batch_size)
+        async_config(train_batch_size=32, async_window_size=async_window_size)
     message = str(error.value)
-    given = "unset" if async_train_batch_size is None else str(async_train_batch_size)
-    assert f"asyncTrainBatchSize ({given})" in message
+    given = "unset" if async_window_size is None else str(async_window_size)
+    assert f"windowSize ({given})" in message
     assert "trainBatchSize (32)" in message
-    assert "try asyncTrainBatchSize: 64 (2 x trainBatchSize)" in message
+    assert "try windowSize: 64 (2 x trainBatchSize)" in message
 
 
 def test_async_train_batch_size_is_ignored_when_async_is_off() -> None:
-    config = WindowConfig(train_batch_size=4, rollout_n=2, async_train_batch_size=2)
+    config = WindowConfig(train_batch_size=4, samples_per_prompt=2, async_window_size=2)
     assert config.window_size == 4
 
 
 @pytest.mark.parametrize(
-    "field", ["train_batch_size", "rollout_n", "async_train_batch_size", "max_carry_over_age_steps"]
+    "field", ["train_batch_size", "samples_per_prompt", "async_window_size", "max_carry_over_age_steps"]
 )
 def test_sizes_and_ages_must_be_positive(field: str) -> None:
     with pytest.raises(ValidationError, match=field):
@@ -109,18 +109,18 @@ def test_async_draws_new_groups_to_keep_the_window_full() -> None:
 
 
 def test_sync_draws_one_batch_into_an_empty_window_only() -> None:
-    window = RolloutWindow(WindowConfig(train_batch_size=2, rollout_n=2))
+    window = RolloutWindow(WindowConfig(train_batch_size=2, samples_per_prompt=2))
     window.begin_step(step=0)
     assert window.groups_to_draw() == 2
     add(window, "a", step=0)
     assert window.groups_to_draw() == 0
 
 
-def test_group_must_have_exactly_rollout_n_members() -> None:
-    window = RolloutWindow(async_config(rollout_n=4))
+def test_group_must_have_exactly_samples_per_prompt_members() -> None:
+    window = RolloutWindow(async_config(samples_per_prompt=4))
     window.begin_step(step=0)
     for size in (3, 5):
-        with pytest.raises(ValueError, match=r"rollout\.n requires exactly 4"):
+        with pytest.raises(ValueError, match=r"rollout\.samplesPerPrompt requires exactly 4"):
             window.add_group(group_id="g", rollout_ids=[f"r{i}" for i in range(size)], step=0)
     assert window.active_groups == ()
 
@@ -186,7 +186,7 @@ def test_update_takes_first_complete_groups_in_completion_order() -> None:
 
 
 def test_completion_order_follows_the_last_sibling_not_the_first() -> None:
-    window = RolloutWindow(async_config(train_batch_size=1, async_train_batch_size=2))
+    window = RolloutWindow(async_config(train_batch_size=1, async_window_size=2))
     window.begin_step(step=0)
     a, b = fill(window, step=0)
     window.record_terminal(a.rollout_ids[0], SUCCEEDED)
@@ -265,7 +265,7 @@ def test_async_update_waits_for_train_batch_size_complete_groups() -> None:
 
 
 def test_sync_update_waits_for_every_group_and_carries_nothing() -> None:
-    window = RolloutWindow(WindowConfig(train_batch_size=3, rollout_n=2))
+    window = RolloutWindow(WindowConfig(train_batch_size=3, samples_per_prompt=2))
     window.begin_step(step=0)
     a, b, c = fill(window, step=0)
     finish(window, c)
@@ -305,7 +305,7 @@ def test_carry_over_age_counts_updates_since_enqueue() -> None:
 
 
 def test_step_summary_reports_the_six_seed_metrics() -> None:
-    window = RolloutWindow(async_config(rollout_n=3))
+    window = RolloutWindow(async_config(samples_per_prompt=3))
     window.begin_step(step=0)
     a, b, _, _ = fill(window, step=0)
     finish(window, a)
@@ -456,7 +456,7 @@ def test_steps_increase_by_one_per_update() -> None:
 
 
 def test_restore_rebuilds_the_window_and_keeps_completion_order() -> None:
-    config = async_config(train_batch_size=2, async_train_batch_size=4)
+    config = async_config(train_batch_size=2, async_window_size=4)
     groups = [
         Group(group_id="old", enqueued_step=3, rollout_ids=("o1", "o2"), terminal_states={"o1": SUCCEEDED}),
         Group(
@@ -491,7 +491,7 @@ def test_restore_rebuilds_the_window_and_keeps_completion_order() -> None:
 
 def test_restore_rejects_groups_the_window_cannot_hold() -> None:
     config = async_config()
-    with pytest.raises(ValueError, match=r"rollout\.n requires exactly 2"):
+    with pytest.raises(ValueError, match=r"rollout\.samplesPerPrompt requires exactly 2"):
         RolloutWindow.restore(config, [Group(group_id="g", enqueued_step=0, rollout_ids=("a",))])
     too_many = [Group(group_id=f"g{i}", enqueued_step=0, rollout_ids=(f"{i}a", f"{i}b")) for i in range(5)]
     with pytest.raises(ValueError, match="the window is full"):

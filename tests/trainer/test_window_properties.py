@@ -36,9 +36,9 @@ def window_configs(draw: st.DrawFn, *, bounded_async: bool = False) -> WindowCon
     max_ages = st.integers(1, 2) if bounded_async else st.none() | st.integers(1, 3)
     return WindowConfig(
         train_batch_size=train_batch_size,
-        rollout_n=draw(st.integers(1, 4)),
+        samples_per_prompt=draw(st.integers(1, 4)),
         async_enabled=async_enabled,
-        async_train_batch_size=train_batch_size + draw(st.integers(1, 4)) if async_enabled else None,
+        async_window_size=train_batch_size + draw(st.integers(1, 4)) if async_enabled else None,
         max_carry_over_age_steps=draw(max_ages),
         staleness_policy=draw(st.sampled_from(StalenessPolicy)),
     )
@@ -108,7 +108,7 @@ class Simulation:
             assert n_new == self.config.train_batch_size
         for index in range(n_new):
             group_id = f"s{step}g{index}"
-            rollout_ids = tuple(f"{group_id}r{i}" for i in range(self.config.rollout_n))
+            rollout_ids = tuple(f"{group_id}r{i}" for i in range(self.config.samples_per_prompt))
             group = self.window.add_group(group_id=group_id, rollout_ids=rollout_ids, step=step)
             assert group.enqueued_step == step
             self.rollouts_of[group_id] = rollout_ids
@@ -177,7 +177,7 @@ class Simulation:
 
     def check_batch(self, batch: UpdateBatch, *, step: int, n_cancelled: int) -> None:
         config = self.config
-        n = config.rollout_n
+        n = config.samples_per_prompt
         in_completion_order = [gid for gid in self.completion_order if gid in self.active]
         expected_consumed = in_completion_order[: config.train_batch_size]
         assert [group.group_id for group in batch.consumed] == expected_consumed
@@ -290,21 +290,21 @@ def test_window_invariants_hold_under_bounded_staleness(
 @settings(max_examples=50, deadline=None)
 @given(
     train_batch_size=st.integers(1, 64),
-    async_train_batch_size=st.none() | st.integers(1, 128),
+    async_window_size=st.none() | st.integers(1, 128),
 )
 def test_async_config_is_valid_exactly_when_the_window_exceeds_the_batch(
-    train_batch_size: int, async_train_batch_size: int | None
+    train_batch_size: int, async_window_size: int | None
 ) -> None:
     def make() -> WindowConfig:
         return WindowConfig(
             train_batch_size=train_batch_size,
-            rollout_n=1,
+            samples_per_prompt=1,
             async_enabled=True,
-            async_train_batch_size=async_train_batch_size,
+            async_window_size=async_window_size,
         )
 
-    if async_train_batch_size is not None and async_train_batch_size > train_batch_size:
-        assert make().window_size == async_train_batch_size
+    if async_window_size is not None and async_window_size > train_batch_size:
+        assert make().window_size == async_window_size
     else:
-        with pytest.raises(ValueError, match=f"try asyncTrainBatchSize: {2 * train_batch_size} "):
+        with pytest.raises(ValueError, match=f"try windowSize: {2 * train_batch_size} "):
             make()

@@ -118,7 +118,8 @@ def crd() -> dict[str, Any]:
 class _Yaml11SafeDumper(yaml.SafeDumper):
     """Quotes `y`, `n` and friends, which kubectl and Helm (YAML 1.1) would read as booleans.
 
-    Unquoted, the property `rollout.n` would reach the API server as a property named `false`.
+    No field is named like that any more (`rollout.n` became `rollout.samplesPerPrompt`); any such scalar the
+    generated YAML holds is still quoted, so that kubectl reads the CRD as written.
     """
 
 

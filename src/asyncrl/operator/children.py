@@ -151,7 +151,7 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
             "name": "ASYNCRL_GATEWAY_KEY",
             "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}},
         },
-        {"name": "WANDB_MODE", "value": spec.logging.wandb.mode.value},
+        {"name": "WANDB_MODE", "value": spec.logging.wandb.mode.wandb_mode},
     ]
     if spec.logging.wandb.api_key_secret_ref is not None:
         ref = spec.logging.wandb.api_key_secret_ref

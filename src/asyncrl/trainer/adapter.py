@@ -9,8 +9,8 @@ everything that was dropped, truncated or filled in, so nothing is lost silently
 Rules, in the order they apply:
 
 - The rollout must be terminal and in `train` mode. Its reward is the posted one if it succeeded; a failed,
-  timed-out or cancelled rollout gets `fill_reward` (a reward it posted is ignored); a succeeded rollout that
-  posted no (finite) reward gets `missing_reward`, which defaults to `fill_reward`.
+  timed-out or cancelled rollout gets `failed_rollout_reward` (a reward it posted is ignored); a succeeded
+  rollout that posted no (finite) reward gets `missing_reward`, which defaults to `failed_rollout_reward`.
 - Calls count only with status 200, prompt and response token ids, and one finite log-prob per response
   token. When the rollout names its attempt, calls of other attempts (an earlier, abandoned agent run)
   are dropped too. Each dropped call is counted by reason. Calls are ordered by `started_at`.
@@ -36,11 +36,11 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from asyncrl.api.types.spec import SampleLevel
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.rows import TrainingRow
 
@@ -49,34 +49,29 @@ logger = logging.getLogger(__name__)
 SUCCESS_STATUS = 200
 
 
-class RowLevel(StrEnum):
-    """How model calls become rows."""
-
-    TRANSITION = "transition"  # one row per model call
-    TRAJECTORY = "trajectory"  # consecutive calls of one conversation merged into one row
-
-
 class AdapterConfig(BaseModel):
     """The adapter's part of the trainer configuration."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    level: RowLevel = Field(default=RowLevel.TRAJECTORY, description="One row per call, or per conversation.")
+    sample_level: SampleLevel = Field(
+        default=SampleLevel.TRAJECTORY, description="One row per call, or per conversation."
+    )
     max_prompt_tokens: int = Field(default=4096, ge=1, description="Longer prompts drop their row.")
     max_response_tokens: int = Field(default=4096, ge=1, description="Longer responses are cut here.")
-    fill_reward: float = Field(
+    failed_rollout_reward: float = Field(
         default=0.0, allow_inf_nan=False, description="Reward of failed, timed-out and cancelled rollouts."
     )
     missing_reward: float | None = Field(
         default=None,
         allow_inf_nan=False,
-        description="Reward of succeeded rollouts that posted none; None means fill_reward.",
+        description="Reward of succeeded rollouts that posted none; None means failed_rollout_reward.",
     )
 
     @property
     def reward_when_missing(self) -> float:
         """The reward a succeeded rollout without a posted reward gets."""
-        return self.fill_reward if self.missing_reward is None else self.missing_reward
+        return self.failed_rollout_reward if self.missing_reward is None else self.missing_reward
 
 
 # -- input: the events document ---------------------------------------------------------------------------
@@ -132,7 +127,7 @@ class AdapterCounts:
     """
 
     rollouts: int = 0
-    rollouts_failed: int = 0  # failed, timed out or cancelled: given fill_reward
+    rollouts_failed: int = 0  # failed, timed out or cancelled: given failed_rollout_reward
     rollouts_missing_reward: int = 0  # succeeded without a (finite) posted reward: given missing_reward
     rollouts_without_rows: int = 0  # produced no rows; still in their group (see `group_rewards`)
     calls: int = 0
@@ -182,7 +177,7 @@ def rollout_reward(*, state: RolloutState, reward: float | None, config: Adapter
     if not state.is_terminal:
         raise ValueError(f"a rollout in state {state} has no final reward yet")
     if state is not RolloutState.SUCCEEDED:
-        return config.fill_reward
+        return config.failed_rollout_reward
     if reward is None or not math.isfinite(reward):
         return config.reward_when_missing
     return reward
@@ -301,7 +296,7 @@ def adapt_rollout(
         tally.add("rollouts_missing_reward")
 
     calls = _usable_calls(events, tally)
-    if config.level is RowLevel.TRANSITION:
+    if config.sample_level is SampleLevel.TRANSITION:
         builders = [_single_call_row(call) for call in calls]
     else:
         builders = _merge_conversations(calls, tally)

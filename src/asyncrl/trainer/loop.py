@@ -453,7 +453,7 @@ class StepLoop:
         creations: list[RolloutCreate] = []
         for row in rows:
             group_id = f"s{step}-{uuid.uuid4().hex[:12]}"
-            rollout_ids = [f"{group_id}-r{index}" for index in range(self.settings.window.rollout_n)]
+            rollout_ids = [f"{group_id}-r{index}" for index in range(self.settings.window.samples_per_prompt)]
             self.window.add_group(group_id=group_id, rollout_ids=rollout_ids, step=step)
             self._inputs[group_id] = row
             creations += [

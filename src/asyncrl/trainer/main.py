@@ -19,7 +19,7 @@ from asyncrl.api.types.verl_overrides import flatten_overrides
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.gateway.models import TrainerOutcome, TrainerReport
-from asyncrl.trainer.adapter import AdapterConfig, RowLevel
+from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.backends import TrainerBackend as Backend
 from asyncrl.trainer.data import PromptSource, load_rows_file
 from asyncrl.trainer.failures import EXIT_CODES, RunFailed
@@ -132,7 +132,7 @@ def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks
         "offline": "offline",
         "disabled": "disabled",
     }
-    given = os.environ.get("WANDB_MODE", wandb.mode.value)
+    given = os.environ.get("WANDB_MODE", wandb.mode.wandb_mode)
     if given not in modes:
         raise SystemExit(f"asyncrl trainer: WANDB_MODE={given!r}; use online, offline or disabled")
     mode = modes[given]
@@ -160,7 +160,9 @@ async def train(args: argparse.Namespace) -> int:
         raise SystemExit(f"asyncrl trainer: set {KEY_ENV_VAR} to the gateway key")
     settings = LoopSettings(
         window=spec.window_config(),
-        adapter=AdapterConfig(level=RowLevel(spec.trainer.level.value), fill_reward=spec.trainer.fill_reward),
+        adapter=AdapterConfig(
+            sample_level=spec.trainer.sample_level, failed_rollout_reward=spec.trainer.failed_rollout_reward
+        ),
         rollout_timeout_seconds=spec.rollout_timeout_seconds,
         total_steps=spec.total_steps,
         checkpoint_dir=args.checkpoint_dir,

@@ -32,8 +32,8 @@ from asyncrl.rollouts import RolloutState
 class StalenessPolicy(StrEnum):
     """What happens to groups older than `max_carry_over_age_steps` when a step begins."""
 
-    CANCEL = "cancel"  # leave the window; the caller cancels their rollouts and draws fresh prompts instead
-    KEEP = "keep"  # stay in the window and are only reported as stale
+    CANCEL = "Cancel"  # leave the window; the caller cancels their rollouts and draws fresh prompts instead
+    KEEP = "Keep"  # stay in the window and are only reported as stale
 
 
 class WindowConfig(BaseModel):
@@ -42,9 +42,9 @@ class WindowConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     train_batch_size: int = Field(ge=1, description="Complete prompt groups consumed per update.")
-    rollout_n: int = Field(ge=1, description="Sibling rollouts per prompt group (verl's rollout.n).")
+    samples_per_prompt: int = Field(ge=1, description="Sibling rollouts per prompt group (verl's rollout.n).")
     async_enabled: bool = Field(default=False, description="Keep a larger window and carry groups over.")
-    async_train_batch_size: int | None = Field(
+    async_window_size: int | None = Field(
         default=None, ge=1, description="Prompt groups kept active in async mode; > train_batch_size."
     )
     max_carry_over_age_steps: int | None = Field(
@@ -57,27 +57,27 @@ class WindowConfig(BaseModel):
     @model_validator(mode="after")
     def _async_window_exceeds_train_batch(self) -> Self:
         if self.async_enabled and (
-            self.async_train_batch_size is None or self.async_train_batch_size <= self.train_batch_size
+            self.async_window_size is None or self.async_window_size <= self.train_batch_size
         ):
-            given = "unset" if self.async_train_batch_size is None else str(self.async_train_batch_size)
+            given = "unset" if self.async_window_size is None else str(self.async_window_size)
             raise ValueError(
-                f"asyncTrainBatchSize ({given}) must be greater than trainBatchSize "
+                f"windowSize ({given}) must be greater than trainBatchSize "
                 f"({self.train_batch_size}) when async is enabled; "
-                f"try asyncTrainBatchSize: {2 * self.train_batch_size} (2 x trainBatchSize)"
+                f"try windowSize: {2 * self.train_batch_size} (2 x trainBatchSize)"
             )
         return self
 
     @property
     def window_size(self) -> int:
-        """Prompt groups the window holds at most: asyncTrainBatchSize in async mode, else trainBatchSize."""
-        if self.async_enabled and self.async_train_batch_size is not None:
-            return self.async_train_batch_size
+        """Prompt groups the window holds at most: windowSize in async mode, else trainBatchSize."""
+        if self.async_enabled and self.async_window_size is not None:
+            return self.async_window_size
         return self.train_batch_size
 
 
 @dataclass
 class Group:
-    """One prompt's `rollout_n` sibling rollouts: the unit the window draws, carries over and consumes.
+    """One prompt's `samples_per_prompt` sibling rollouts: the unit the window draws, carries and consumes.
 
     Only terminal states are recorded; the first terminal state reported for a rollout is the one kept.
     `completion_sequence` is set when the last sibling finishes and orders groups by completion.
@@ -276,7 +276,7 @@ class RolloutWindow:
         return self._config.train_batch_size if not self._groups else 0
 
     def add_group(self, *, group_id: str, rollout_ids: Iterable[str], step: int) -> Group:
-        """Enqueue a new prompt group of exactly `rollout_n` rollouts during the begun `step`."""
+        """Enqueue a new prompt group of exactly `samples_per_prompt` rollouts during the begun `step`."""
         self._require_step(step, action=f"add group {group_id}")
         group = Group(group_id=group_id, enqueued_step=step, rollout_ids=tuple(rollout_ids))
         self._insert(group)
@@ -371,9 +371,11 @@ class RolloutWindow:
             raise RuntimeError(f"cannot {action} for step {step}: step {self._step} is in progress")
 
     def _insert(self, group: Group) -> None:
-        size, n = len(group.rollout_ids), self._config.rollout_n
+        size, n = len(group.rollout_ids), self._config.samples_per_prompt
         if size != n:
-            raise ValueError(f"group {group.group_id} has {size} rollouts; rollout.n requires exactly {n}")
+            raise ValueError(
+                f"group {group.group_id} has {size} rollouts; rollout.samplesPerPrompt requires exactly {n}"
+            )
         if group.group_id in self._groups:
             raise ValueError(f"group {group.group_id} is already in the window")
         taken = [rollout_id for rollout_id in group.rollout_ids if rollout_id in self._group_of_rollout]

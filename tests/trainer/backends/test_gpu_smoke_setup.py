@@ -49,7 +49,7 @@ def test_the_local_model_loads_as_a_hugging_face_chat_model(tmp_path: Path) -> N
 def test_the_smoke_run_is_valid_and_verl_accepts_its_settings(tmp_path: Path) -> None:
     smoke = smoke_module()
     run = load_run(smoke.manifest(tmp_path / "model", steps=3))
-    assert run.spec.trainer.backend.value == "verl"
+    assert run.spec.trainer.backend.value == "Verl"
     assert run.spec.total_steps == 3
     config = compose_verl_config(verl_settings(run, checkpoint_dir=tmp_path / "checkpoints"))
     assert config.actor_rollout_ref.model.path == str(tmp_path / "model")

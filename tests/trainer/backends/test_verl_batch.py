@@ -120,7 +120,7 @@ def test_verls_grpo_gives_each_rollout_its_group_advantage_on_every_trained_toke
 
 
 def test_verls_rollout_correction_reads_our_log_probs_and_names_the_metrics_we_report() -> None:
-    config = verl_config(rolloutCorrection={"mode": "token", "threshold": 2.0})
+    config = verl_config(rolloutCorrection={"mode": "Token", "threshold": 2.0})
     rows = agent_rows(TRAJECTORY)
     data = padded(build_trajectory_batch(rows, step=0))
     # The trainer's current log-probs: higher than the rollout's on some tokens, so some weights exceed 2.

@@ -19,12 +19,12 @@ from tests.trainer.backends.verl_support import verl_config, verl_manifest, verl
 def test_the_run_decides_batch_sizes_n_model_gpus_correction_and_the_colocate_async_mode() -> None:
     config = verl_config(
         trainBatchSize=3,
-        rollout={"n": 5},
-        **{"async": {"enabled": True, "asyncTrainBatchSize": 6}},
+        rollout={"samplesPerPrompt": 5},
+        **{"async": {"enabled": True, "windowSize": 6}},
         totalSteps=9,
         model={"name": "policy", "path": "/models/qwen"},
         trainer={"gpus": 2},
-        rolloutCorrection={"mode": "sequence", "threshold": 3.5},
+        rolloutCorrection={"mode": "Sequence", "threshold": 3.5},
     )
     assert config.data.train_batch_size == 3
     assert config.actor_rollout_ref.rollout.n == 5
@@ -46,7 +46,7 @@ def test_the_run_decides_batch_sizes_n_model_gpus_correction_and_the_colocate_as
 
 
 def test_rollout_correction_off_is_verls_null() -> None:
-    config = verl_config(rolloutCorrection={"mode": "off"})
+    config = verl_config(rolloutCorrection={"mode": "Disabled"})
     assert config.algorithm.rollout_correction.rollout_is is None
 
 
@@ -90,8 +90,8 @@ def test_a_plus_adds_a_key_verl_does_not_declare() -> None:
     ("overrides", "named"),
     [
         ({"data.train_batch_size": 8}, "spec.trainBatchSize"),
-        ({"actor_rollout_ref.rollout.n": 8}, 'spec.rollout."n"'),
-        ({"actor_rollout_ref": {"rollout": {"n": 8}}}, 'spec.rollout."n"'),
+        ({"actor_rollout_ref.rollout.n": 8}, "spec.rollout.samplesPerPrompt"),
+        ({"actor_rollout_ref": {"rollout": {"n": 8}}}, "spec.rollout.samplesPerPrompt"),
         ({"+data.gen_batch_size": 2}, "spec.trainBatchSize"),
         ({"trainer.v1.trainer_mode": "sync"}, "colocate_async"),
         ({"algorithm.rollout_correction.rollout_is": "token"}, "spec.rolloutCorrection.mode"),
@@ -143,7 +143,7 @@ def test_verls_own_validation_runs_and_its_reason_is_shown() -> None:
 
 def test_zero_gpus_is_a_clear_error() -> None:
     run = verl_run(trainer={"gpus": 0})
-    with pytest.raises(VerlConfigError, match=r"spec.trainer.gpus is 0.*backend: reference"):
+    with pytest.raises(VerlConfigError, match=r"spec.trainer.gpus is 0.*backend: Reference"):
         verl_settings(run, checkpoint_dir=None)
 
 

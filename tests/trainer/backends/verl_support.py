@@ -13,7 +13,7 @@ def verl_manifest(
     name: str = "verl-run", *, trainer: dict[str, Any] | None = None, **spec: Any
 ) -> dict[str, Any]:
     manifest = run_manifest(name, **spec)
-    manifest["spec"]["trainer"] = {"backend": "verl", "gpus": 1, **(trainer or {})}
+    manifest["spec"]["trainer"] = {"backend": "Verl", "gpus": 1, **(trainer or {})}
     return manifest
 
 

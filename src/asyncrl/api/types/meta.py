@@ -65,9 +65,7 @@ class CelRule:
     rule: str
     message: str
     message_expression: str | None = None
-    field_path: str | None = (
-        None  # e.g. ".async.asyncTrainBatchSize", relative to the object holding the rule
-    )
+    field_path: str | None = None  # e.g. ".async.windowSize", relative to the object holding the rule
 
     def schema(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"rule": self.rule, "message": self.message}

@@ -13,7 +13,7 @@ from asyncrl.api.types.meta import CelRule
 
 # Upper bounds that keep the numbers in the async rule's message exact (see _cel_decimal).
 MAX_TRAIN_BATCH_SIZE = 100_000
-MAX_ASYNC_TRAIN_BATCH_SIZE = 2 * MAX_TRAIN_BATCH_SIZE
+MAX_WINDOW_SIZE = 2 * MAX_TRAIN_BATCH_SIZE
 
 
 def _exactly_one_rule(owner: str, options: tuple[str, ...]) -> CelRule:
@@ -51,39 +51,39 @@ def _cel_decimal(expression: str, *, max_value: int) -> str:
 
 
 _TRAIN = "self.trainBatchSize"
-_WINDOW = "self.async.asyncTrainBatchSize"
+_WINDOW = "self.async.windowSize"
 ASYNC_WINDOW_RULE = CelRule(
     rule=f"!has(self.async) || !self.async.enabled || (has({_WINDOW}) && {_WINDOW} > {_TRAIN})",
     # The same text as WindowConfig's error (the pydantic side); a test compares the two.
     message_expression="\n".join(
         (
-            "'asyncTrainBatchSize (' +",
-            f"(has({_WINDOW}) ? {_cel_decimal(_WINDOW, max_value=MAX_ASYNC_TRAIN_BATCH_SIZE)} : 'unset') +",
+            "'windowSize (' +",
+            f"(has({_WINDOW}) ? {_cel_decimal(_WINDOW, max_value=MAX_WINDOW_SIZE)} : 'unset') +",
             "') must be greater than trainBatchSize (' +",
             f"{_cel_decimal(_TRAIN, max_value=MAX_TRAIN_BATCH_SIZE)} +",
-            "') when async is enabled; try asyncTrainBatchSize: ' +",
-            f"{_cel_decimal(f'(2 * {_TRAIN})', max_value=MAX_ASYNC_TRAIN_BATCH_SIZE)} +",
+            "') when async is enabled; try windowSize: ' +",
+            f"{_cel_decimal(f'(2 * {_TRAIN})', max_value=MAX_WINDOW_SIZE)} +",
             "' (2 x trainBatchSize)'",
         )
     ),
     message=(
-        "asyncTrainBatchSize must be greater than trainBatchSize when async is enabled; "
-        "try asyncTrainBatchSize = 2 x trainBatchSize"
+        "windowSize must be greater than trainBatchSize when async is enabled; "
+        "try windowSize = 2 x trainBatchSize"
     ),
-    field_path=".async.asyncTrainBatchSize",
+    field_path=".async.windowSize",
 )
 
 # Fields that define what a run trains; changing them would make its checkpoints and metrics meaningless.
 IMMUTABLE_FIELDS = (
     "model",
     "trainBatchSize",
-    "rollout.n",
+    "rollout.samplesPerPrompt",
     "trainer.backend",
     "async.enabled",
-    "async.asyncTrainBatchSize",
+    "async.windowSize",
 )
 # Immutable fields that may be absent; the others are required or defaulted by the API server.
-_OPTIONAL_IMMUTABLE_FIELDS = frozenset({"async.asyncTrainBatchSize"})
+_OPTIONAL_IMMUTABLE_FIELDS = frozenset({"async.windowSize"})
 
 
 def immutable_message(path: str) -> str:

@@ -7,7 +7,7 @@ names each failing field by its path on the wire; `check_update` mirrors the CRD
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -84,14 +84,49 @@ class InvalidRunError(ValueError):
         super().__init__(f"invalid {what}:\n" + "\n".join(f"  {error}" for error in errors))
 
 
+# Fields renamed before v1alpha1 was released (CHANGELOG.md): an old manifest is told the new name.
+RENAMED_FIELDS = {
+    "spec.rollout.n": "spec.rollout.samplesPerPrompt",
+    "spec.async.asyncTrainBatchSize": "spec.async.windowSize",
+    "spec.trainer.level": "spec.trainer.sampleLevel",
+    "spec.trainer.fillReward": "spec.trainer.failedRolloutReward",
+}
+# What YAML 1.1 (kubectl, Helm, PyYAML) reads as a boolean when written bare as a key.
+YAML_BOOLEAN_WORDS = "y, n, yes, no, on or off"
+
+
 def load_run(manifest: Mapping[str, Any]) -> AsyncTrainingRun:
     """Validate a whole manifest (a parsed YAML document) as the API server would, or `InvalidRunError`."""
+    metadata = manifest.get("metadata")
+    name = str(metadata.get("name", "")) if isinstance(metadata, Mapping) else ""
+    boolean_keys = list(_boolean_keys(manifest, ""))
+    if boolean_keys:
+        raise InvalidRunError(name, boolean_keys)
     try:
         return AsyncTrainingRun.model_validate(manifest, by_alias=True, by_name=False)
     except ValidationError as error:
-        metadata = manifest.get("metadata")
-        name = str(metadata.get("name", "")) if isinstance(metadata, Mapping) else ""
         raise InvalidRunError(name, [_field_error(detail) for detail in error.errors()]) from None
+
+
+def _boolean_keys(node: Any, path: str) -> Iterator[FieldError]:
+    """Mapping keys that YAML 1.1 turned into booleans: a bare `n:` or `off:` never names a field."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if isinstance(key, bool) or key in ("true", "false"):
+                renamed = RENAMED_FIELDS.get(f"{path}.n".lstrip("."), "")
+                hint = f" ({renamed.removeprefix('spec.')})" if renamed else ""
+                yield FieldError(
+                    path=path.lstrip(".") or "(top level)",
+                    message=(
+                        f"the key {str(key).lower()!r} is how YAML 1.1 reads a bare {YAML_BOOLEAN_WORDS}; "
+                        f"rename it{hint} or quote it"
+                    ),
+                )
+                continue
+            yield from _boolean_keys(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from _boolean_keys(item, f"{path}[{index}]")
 
 
 def check_update(old: AsyncTrainingRunSpec, new: AsyncTrainingRunSpec) -> None:
@@ -140,4 +175,6 @@ def _field_error(detail: ErrorDetails) -> FieldError:
         location.extend(cause.field_path)
     message = str(cause) if isinstance(cause, ValueError) else _scalar_message(detail) or detail["msg"]
     path = ".".join(location).replace(".[", "[")
+    if detail["type"] == "extra_forbidden" and path in RENAMED_FIELDS:
+        message = f"renamed to {RENAMED_FIELDS[path]} (CHANGELOG.md)"
     return FieldError(path=path, message=message)

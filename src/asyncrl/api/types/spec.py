@@ -27,8 +27,8 @@ from asyncrl.api.types.meta import ApiModel, FieldRuleError, cel_rules, section
 from asyncrl.api.types.rules import (
     ASYNC_WINDOW_RULE,
     DATA_SOURCE_RULE,
-    MAX_ASYNC_TRAIN_BATCH_SIZE,
     MAX_TRAIN_BATCH_SIZE,
+    MAX_WINDOW_SIZE,
     TEMPLATE_SOURCE_RULE,
     check_exactly_one,
     immutable_rules,
@@ -145,13 +145,13 @@ class DataSpec(ApiModel):
 class RolloutSpec(ApiModel):
     """How each prompt is rolled out."""
 
-    n: int = Field(
+    samples_per_prompt: int = Field(
         strict=True,
         default=4,
         ge=1,
         description=(
-            "Sibling rollouts per prompt group (verl's rollout.n); an update uses whole groups only. "
-            'Quote the key in YAML ("n": 4): kubectl reads a bare n as the boolean false.'
+            "Sibling rollouts per prompt group, one agent Job each (verl's rollout.n); an update uses whole "
+            "groups only, as the group's reward statistics (GRPO) need."
         ),
     )
 
@@ -164,14 +164,14 @@ class AsyncSpec(ApiModel):
         default=False,
         description="Turn asynchronous collection on; off, every update waits for all groups of its batch.",
     )
-    async_train_batch_size: int | None = Field(
+    window_size: int | None = Field(
         strict=True,
         default=None,
         ge=1,
-        le=MAX_ASYNC_TRAIN_BATCH_SIZE,
+        le=MAX_WINDOW_SIZE,
         description=(
-            "Prompt groups kept active in async mode; required when enabled and greater than trainBatchSize "
-            "(start with 2 x trainBatchSize)."
+            "Prompt groups kept active in async mode (the seed's windowSize); required when enabled "
+            "and greater than trainBatchSize (start with 2 x trainBatchSize)."
         ),
     )
     max_carry_over_age_steps: int | None = Field(
@@ -186,8 +186,8 @@ class AsyncSpec(ApiModel):
     staleness_policy: StalenessPolicy = Field(
         default=StalenessPolicy.CANCEL,
         description=(
-            "What happens to groups older than maxCarryOverAgeSteps: `cancel` deletes their Jobs and draws "
-            "fresh prompts, `keep` leaves them in the window and only reports them."
+            "What happens to groups older than maxCarryOverAgeSteps: `Cancel` deletes their Jobs and draws "
+            "fresh prompts, `Keep` leaves them in the window and only reports them."
         ),
     )
 
@@ -195,9 +195,9 @@ class AsyncSpec(ApiModel):
 class RolloutCorrectionMode(StrEnum):
     """Granularity of the importance-sampling correction for off-policy (stale) rollouts."""
 
-    TOKEN = "token"
-    SEQUENCE = "sequence"
-    OFF = "off"
+    TOKEN = "Token"
+    SEQUENCE = "Sequence"
+    DISABLED = "Disabled"
 
 
 class RolloutCorrectionSpec(ApiModel):
@@ -205,7 +205,7 @@ class RolloutCorrectionSpec(ApiModel):
 
     mode: RolloutCorrectionMode = Field(
         default=RolloutCorrectionMode.TOKEN,
-        description="`token` or `sequence` level importance sampling, or `off`.",
+        description="`Token` or `Sequence` level importance sampling, or `Disabled`.",
     )
     threshold: float = Field(
         strict=True,
@@ -216,7 +216,7 @@ class RolloutCorrectionSpec(ApiModel):
 
     @property
     def rollout_is(self) -> Literal["token", "sequence"] | None:
-        """verl's `algorithm.rollout_correction.rollout_is` for this mode; None when off (both backends)."""
+        """verl's `algorithm.rollout_correction.rollout_is` for this mode; None when disabled."""
         if self.mode is RolloutCorrectionMode.TOKEN:
             return "token"
         if self.mode is RolloutCorrectionMode.SEQUENCE:
@@ -227,15 +227,15 @@ class RolloutCorrectionSpec(ApiModel):
 class TrainerBackend(StrEnum):
     """The training engine inside the trainer pod."""
 
-    VERL = "verl"  # verl + vLLM on GPUs
-    REFERENCE = "reference"  # a small local causal LM on CPU: CI, local mode, the quickstart
+    VERL = "Verl"  # verl + vLLM on GPUs
+    REFERENCE = "Reference"  # a small local causal LM on CPU: CI, local mode, the quickstart
 
 
 class SampleLevel(StrEnum):
     """How a rollout's model calls become training samples."""
 
-    TRANSITION = "transition"  # one sample per model call
-    TRAJECTORY = "trajectory"  # one sample per rollout, its calls joined
+    TRANSITION = "Transition"  # one sample per model call
+    TRAJECTORY = "Trajectory"  # one sample per rollout, its calls joined
 
 
 class CheckpointSpec(ApiModel):
@@ -256,7 +256,7 @@ class TrainerSpec(ApiModel):
 
     backend: TrainerBackend = Field(
         default=TrainerBackend.VERL,
-        description="`verl` (GPU, verl + vLLM) or `reference` (CPU, a small local model).",
+        description="`Verl` (GPU, verl + vLLM) or `Reference` (CPU, a small local model).",
     )
     image: str = Field(
         default="ghcr.io/asyncrl/trainer:0.1.0", min_length=1, description="Container image of the trainer."
@@ -279,18 +279,18 @@ class TrainerSpec(ApiModel):
         description=(
             "verl settings merged into verl's trainer config (verl backend only): Hydra keys, flat with "
             "dots or nested; a leading + adds an undeclared key. Keys the run sets itself (batch sizes, "
-            "rollout.n, the model, GPUs, rollout correction) are rejected."
+            "rollout.samplesPerPrompt, the model, GPUs, rollout correction) are rejected."
         ),
     )
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Where and how often checkpoints are saved.")
-    fill_reward: float = Field(
+    failed_rollout_reward: float = Field(
         strict=True,
         default=0.0,
         description="Reward given to rollouts that failed or timed out without a reward.",
     )
-    level: SampleLevel = Field(
+    sample_level: SampleLevel = Field(
         default=SampleLevel.TRAJECTORY,
-        description="Train on each model call (`transition`) or on each whole rollout (`trajectory`).",
+        description="Train on each model call (`Transition`) or on each whole rollout (`Trajectory`).",
     )
 
     @field_validator("verl_overrides")
@@ -370,9 +370,19 @@ class AgentsSpec(ApiModel):
 class WandbMode(StrEnum):
     """Where Weights & Biases writes the run."""
 
-    OFFLINE = "offline"
-    ONLINE = "online"
-    DISABLED = "disabled"
+    OFFLINE = "Offline"
+    ONLINE = "Online"
+    DISABLED = "Disabled"
+
+    @property
+    def wandb_mode(self) -> Literal["offline", "online", "disabled"]:
+        """The value W&B itself takes (`WANDB_MODE`, `wandb.init(mode=...)`)."""
+        modes: dict[WandbMode, Literal["offline", "online", "disabled"]] = {
+            WandbMode.OFFLINE: "offline",
+            WandbMode.ONLINE: "online",
+            WandbMode.DISABLED: "disabled",
+        }
+        return modes[self]
 
 
 class WandbSpec(ApiModel):
@@ -382,10 +392,10 @@ class WandbSpec(ApiModel):
         default=None, min_length=1, description="W&B project; unset uses the run name."
     )
     mode: WandbMode = Field(
-        default=WandbMode.OFFLINE, description="`offline` (files in the pod), `online` or `disabled`."
+        default=WandbMode.OFFLINE, description="`Offline` (files in the pod), `Online` or `Disabled`."
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="Secret key holding the W&B API key (needed for `online`)."
+        default=None, description="Secret key holding the W&B API key (needed for `Online`)."
     )
 
 
@@ -419,6 +429,7 @@ class AsyncTrainingRunSpec(ApiModel):
         description="Stop after this many updates; unset, after one pass over the data.",
     )
     max_failed_steps: int = Field(
+        strict=True,
         default=3,
         ge=1,
         description=(
@@ -455,9 +466,9 @@ class AsyncTrainingRunSpec(ApiModel):
         try:
             return WindowConfig(
                 train_batch_size=self.train_batch_size,
-                rollout_n=self.rollout.n,
+                samples_per_prompt=self.rollout.samples_per_prompt,
                 async_enabled=self.async_.enabled,
-                async_train_batch_size=self.async_.async_train_batch_size,
+                async_window_size=self.async_.window_size,
                 max_carry_over_age_steps=self.async_.max_carry_over_age_steps,
                 staleness_policy=self.async_.staleness_policy,
             )
@@ -465,4 +476,4 @@ class AsyncTrainingRunSpec(ApiModel):
             messages = "; ".join(
                 str(detail.get("ctx", {}).get("error", detail["msg"])) for detail in error.errors()
             )
-            raise FieldRuleError(messages, field_path=("async", "asyncTrainBatchSize")) from None
+            raise FieldRuleError(messages, field_path=("async", "windowSize")) from None

@@ -4,9 +4,9 @@ The overrides are verl Hydra keys (`actor_rollout_ref.actor.optim.lr: 1e-6`), wr
 nested mappings (`actor_rollout_ref: {actor: {optim: {lr: 1e-6}}}`); both read the same. A leading `+` adds
 a key that verl's config does not declare, as on Hydra's command line.
 
-Some verl keys are set from the run's own fields (batch sizes, `rollout.n`, the model, the GPUs, rollout
-correction) or by the backend (the trainer mode, checkpoint places): giving them here would make the two
-disagree, so they are rejected, and the message says which field of the run sets each one.
+Some verl keys are set from the run's own fields (batch sizes, `rollout.samplesPerPrompt`, the model, the
+GPUs, rollout correction) or by the backend (the trainer mode, checkpoint places): giving them here would make
+the two disagree, so they are rejected, and the message says which field of the run sets each one.
 
 No verl import here: the operator and the API validation read this module without the trainer's libraries.
 """
@@ -20,7 +20,7 @@ from typing import Any
 OWNED_VERL_KEYS: Mapping[str, str] = {
     "data.train_batch_size": "spec.trainBatchSize (groups per update)",
     "data.gen_batch_size": "spec.trainBatchSize; the window decides what is generated",
-    "actor_rollout_ref.rollout.n": 'spec.rollout."n" (sibling rollouts per group)',
+    "actor_rollout_ref.rollout.n": "spec.rollout.samplesPerPrompt (sibling rollouts per group)",
     "actor_rollout_ref.model.path": "spec.model.path",
     "trainer.n_gpus_per_node": "spec.trainer.gpus",
     "trainer.nnodes": "the trainer pod (one node)",

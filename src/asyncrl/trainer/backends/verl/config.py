@@ -1,5 +1,5 @@
 """The run → verl's trainer config: verl's own defaults, then ours, then the run's overrides, then what the
-run decides (batch sizes, `rollout.n`, model, GPUs, rollout correction, the trainer mode).
+run decides (batch sizes, `rollout.samplesPerPrompt`, model, GPUs, rollout correction, the trainer mode).
 
 `verl_settings` is pure (the run's fields, checked); `compose_verl_config` loads verl's Hydra config
 (`verl/trainer/config/ppo_trainer.yaml`, the one `python -m verl.trainer.main_ppo` reads) and runs verl's own
@@ -106,13 +106,13 @@ def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> Verl
     if spec.trainer.gpus < 1:
         raise VerlConfigError(
             "spec.trainer.gpus is 0, and the verl backend trains and serves on GPUs: set spec.trainer.gpus "
-            "to the GPUs of the trainer pod (1 or more), or use spec.trainer.backend: reference on CPU"
+            "to the GPUs of the trainer pod (1 or more), or use spec.trainer.backend: Reference on CPU"
         )
     # Owned keys in verlOverrides cannot reach here: loading the run refused them (TrainerSpec's validator).
     return VerlSettings(
         model_path=spec.model.path,
         train_batch_size=spec.train_batch_size,
-        rollout_n=spec.rollout.n,
+        rollout_n=spec.rollout.samples_per_prompt,
         gpus=spec.trainer.gpus,
         total_steps=spec.total_steps,
         rollout_is=spec.rollout_correction.rollout_is,
