@@ -267,4 +267,3 @@ def test_a_key_yaml_read_as_a_boolean_is_named_with_the_fix(key: object) -> None
     assert "spec.rollout: the key" in message
     assert "how YAML 1.1 reads a bare y, n, yes, no, on or off" in message
     assert "rename it (rollout.samplesPerPrompt) or quote it" in message
-
