@@ -130,3 +130,81 @@ def test_apply_trains_with_carry_over_and_delete_leaves_nothing(
         timeout=90,
         what="every Job and pod of the run to be gone",
     )
+
+
+def test_a_gateway_sidecar_killed_mid_run_is_restarted_and_the_run_finishes_every_step(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    """kill -9 of the gateway sidecar (the rollout store) mid-run: the pod restarts it, the trainer adopts the
+    new gateway (model servers registered again, lost groups redrawn), the operator resets its cursor."""
+    import os
+    import signal
+
+    from kubernetes import client
+
+    start_operator()
+    manifest = run_manifest("regw", template=TOY_AGENT, totalSteps=5)
+    spec = manifest["spec"]
+    spec["data"]["inline"] = [{"prompt": p, "target": "ab", "tool_seconds": 0.2} for p in ("a", "b", "c")]
+    spec.update(trainBatchSize=2, rollout={"samplesPerPrompt": 2}, rolloutTimeoutSeconds=120)
+    spec["async"] = {"enabled": True, "windowSize": 4}
+    spec["trainer"] = {"backend": "Reference", "image": TRAINER_IMAGE, "gpus": 0}
+    applied = subprocess.run(
+        [*kubectl, "apply", "-n", namespace, "-f", "-"], input=json.dumps(manifest), text=True, check=False
+    )
+    assert applied.returncode == 0
+
+    def status() -> dict[str, Any]:
+        run = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            "asyncrl.dev", "v1alpha1", namespace, "asynctrainingruns", "regw"
+        )
+        return dict(run.get("status") or {})
+
+    wait_for(lambda: (status().get("step") or 0) >= 1, timeout=300, interval=1.0, what="step 1")
+
+    def gateway_container() -> dict[str, Any] | None:
+        pods = client.CoreV1Api(api_client).list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=trainer"
+        )
+        for pod in pods.items:
+            for container in pod.status.init_container_statuses or []:
+                if container.name == "gateway" and container.container_id and container.state.running:
+                    return {
+                        "pid": int(container.container_id.rsplit("/", 1)[1]),
+                        "restarts": container.restart_count,
+                    }
+        return None
+
+    before = wait_for(gateway_container, timeout=60, what="the running gateway sidecar")
+    os.killpg(before["pid"], signal.SIGKILL)
+    after = wait_for(
+        lambda: (found := gateway_container()) and found["restarts"] > before["restarts"] and found,
+        timeout=120,
+        what="the gateway sidecar to be restarted",
+    )
+    assert after["pid"] != before["pid"]
+    final = wait_for(
+        lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s,
+        timeout=420,
+        interval=1.0,
+        what="the run to end",
+    )
+    assert final["phase"] == "Succeeded", final.get("message")
+    assert final["step"] == 4  # every step ran, under the new gateway too
+    reasons = {item.get("reason") for item in _events(kubectl, namespace)}
+    assert "GatewayRestarted" in reasons
+
+
+def _events(kubectl: list[str], namespace: str) -> list[dict[str, Any]]:
+    listing = subprocess.run(
+        [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    items: list[dict[str, Any]] = json.loads(listing.stdout)["items"]
+    return items
