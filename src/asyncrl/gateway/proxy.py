@@ -24,6 +24,7 @@ from asyncrl.gateway.capture import request_overrides
 from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState
+from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.gateway.store import CapturedCall, RolloutStore
 
 logger = logging.getLogger(__name__)
@@ -173,6 +174,18 @@ class ProxyHandler:
             raise _Reject(400, "request body must be a JSON object")
         if body.get("stream"):
             raise _Reject(400, "streaming is not supported by the gateway; send stream=false")
+        try:
+            sampling = apply_rollout_sampling(
+                body,
+                policy=self.config.sampling_params,
+                rollout=self.config.rollout_sampling,
+                train=mode == "train",
+            )
+        except SamplingRefused as error:
+            raise _Reject(400, "sampling settings refused", detail=str(error)) from error
+        body = sampling.body
+        if sampling.asked is not None:
+            self.metrics.sampling_overridden.inc()
 
         # No await between this check and enter(): a call either sees the pause or is counted in flight.
         if self.pause.paused:
@@ -208,6 +221,7 @@ class ProxyHandler:
                     request_body=request_bytes,
                     response_body=response,
                     started_at=call_started,
+                    agent_sampling=sampling.asked,
                 ),
             )
         finally:

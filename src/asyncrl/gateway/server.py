@@ -10,6 +10,7 @@ from pathlib import Path
 
 from asyncrl.gateway.app import build_gateway
 from asyncrl.gateway.config import KEY_ENV_VAR, GatewayConfig
+from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upstream-timeout-seconds", type=float, default=600.0, help="per model call (default 600)"
     )
+    parser.add_argument(
+        "--sampling-params",
+        choices=[policy.value for policy in SamplingParamsPolicy],
+        default=SamplingParamsPolicy.ENFORCE.value,
+        help="the agents' temperature/top_p/top_k on train-mode calls: Enforce the run's (default), Reject "
+        "calls that differ, or Allow them",
+    )
+    parser.add_argument("--rollout-temperature", type=float, default=1.0, help="the run's (default 1.0)")
+    parser.add_argument("--rollout-top-p", type=float, default=1.0, help="the run's (default 1.0)")
+    parser.add_argument("--rollout-top-k", type=int, default=-1, help="the run's (default -1: off)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -68,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
             key=SecretStr(read_key(args.key_file)),
             retry_after_seconds=args.retry_after_seconds,
             upstream_timeout_seconds=args.upstream_timeout_seconds,
+            sampling_params=SamplingParamsPolicy(args.sampling_params),
+            rollout_sampling=RolloutSampling(
+                temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k
+            ),
         )
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
