@@ -73,6 +73,7 @@ class StepLoop:
         self._timings: dict[str, CompletionEntry] = {}
         self._first_epoch_only = settings.total_steps is None
         self._failed_steps = 0  # consecutive steps whose consumed groups held nothing to train on
+        self._saved_step: int | None = None  # the step of the last checkpoint written or loaded
 
     # -- start and recovery -------------------------------------------------------------------------------
 
@@ -96,7 +97,15 @@ class StepLoop:
             found = latest_checkpoint(self.settings.checkpoint_dir)
             if found is not None:
                 path, state = found
+                # Loading sleeps and wakes the model servers: no agent call may be in flight meanwhile (the
+                # gateway outlived us and may be serving); run() resumes it after recovery.
+                await self.gateway.pause(
+                    reason=f"loading checkpoint {path.name}",
+                    retry_after_seconds=self.settings.retry_after_seconds,
+                    wait_seconds=self.settings.drain_timeout_seconds,
+                )
                 self.step = await self.backend.load_checkpoint(path)
+                self._saved_step = self.step
                 self.prompts = self.prompts.at(state.data_position)
                 logger.info("resumed from checkpoint %s (step %d)", path, self.step)
         rollouts, self._cursor = await self.gateway.list_rollouts()
@@ -175,13 +184,8 @@ class StepLoop:
             "timing/update_phase_seconds": time.monotonic() - wait_started,
         }
         self.step = step + 1
-        if self.settings.checkpoint_dir is not None and self.step % self.settings.checkpoint_every_steps == 0:
-            position = self.prompts.position
-            await save_checkpoint(
-                self.settings.checkpoint_dir,
-                self.backend,
-                LoopState(step=self.step, data_epoch=position.epoch, data_offset=position.offset),
-            )
+        if self.step % self.settings.checkpoint_every_steps == 0:
+            await self._save_checkpoint()
         await self.gateway.resume(model_version=self.backend.model_version)
         await self.gateway.delete_rollouts(consumed_ids)
         for rollout_id in consumed_ids:
@@ -236,14 +240,27 @@ class StepLoop:
         leftover = list(self.window.active_groups)
         if leftover:
             await self._cancel(leftover, reason="the run finished")
-        if self.settings.checkpoint_dir is not None:
-            position = self.prompts.position
-            await save_checkpoint(
-                self.settings.checkpoint_dir,
-                self.backend,
-                LoopState(step=self.step, data_epoch=position.epoch, data_offset=position.offset),
+        if self.settings.checkpoint_dir is not None and self._saved_step != self.step:
+            # Saving sleeps the model servers, as in a step: pause and drain first.
+            await self.gateway.pause(
+                reason="final checkpoint",
+                retry_after_seconds=self.settings.retry_after_seconds,
+                wait_seconds=self.settings.drain_timeout_seconds,
             )
+            await self._save_checkpoint()
         await self.gateway.resume(model_version=self.backend.model_version)
+
+    async def _save_checkpoint(self) -> None:
+        """A checkpoint of the current step, once: the last step's may already be saved by the step loop."""
+        if self.settings.checkpoint_dir is None or self._saved_step == self.step:
+            return
+        position = self.prompts.position
+        await save_checkpoint(
+            self.settings.checkpoint_dir,
+            self.backend,
+            LoopState(step=self.step, data_epoch=position.epoch, data_offset=position.offset),
+        )
+        self._saved_step = self.step
 
     # -- pieces -------------------------------------------------------------------------------------------
 
