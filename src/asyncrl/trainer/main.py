@@ -178,12 +178,6 @@ async def train(args: argparse.Namespace) -> int:
     spec = run.spec
     if not args.gateway_url:
         raise SystemExit("asyncrl trainer: --gateway-url is required (unless --preflight)")
-    from asyncrl.trainer.preflight import failures, report
-
-    checks = preflight(run, args.checkpoint_dir)
-    logger.info("preflight:\n%s", report(checks))
-    if failures(checks):
-        raise SystemExit(f"asyncrl trainer: preflight failed:\n{report(failures(checks))}")
     key = os.environ.get(KEY_ENV_VAR, "").strip()
     if not key:
         raise SystemExit(f"asyncrl trainer: set {KEY_ENV_VAR} to the gateway key")
@@ -199,6 +193,13 @@ async def train(args: argparse.Namespace) -> int:
     )
     prompts = PromptSource(rows_of(run, args.data_file), shuffle=spec.data.shuffle, seed=spec.data.seed)
     backend = build_backend(run, inference_port=args.inference_port, checkpoint_dir=args.checkpoint_dir)
+    # After the config check (a bad verl key is named first), before any model or GPU work.
+    from asyncrl.trainer.preflight import failures, report
+
+    checks = preflight(run, args.checkpoint_dir)
+    logger.info("preflight:\n%s", report(checks))
+    if failures(checks):
+        raise SystemExit(f"asyncrl trainer: preflight failed:\n{report(failures(checks))}")
     sinks = build_sinks(run, args)
     await backend.start()
     logger.info("model servers %s; gateway %s", ", ".join(backend.serve_urls), args.gateway_url)
