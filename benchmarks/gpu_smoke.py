@@ -10,7 +10,14 @@ What it runs
 
 What it prints
     The local run's status lines while it runs; then per step the six window metrics (the seed's), the step
-    and update times and the reward, read from the trainer's metrics file. Exit code 0 when every step ran.
+    and update times and the reward, and the values the strict checks read (gpu_smoke_check.py: rows
+    trained, model version, finite loss and grad norm, rollout correction, vLLM's log-probs vs the actor's,
+    no dropped calls, one trainer start, each step once). Exit code 0 only when every check passes; on
+    failure, the tails of the trainer's and gateway's logs.
+
+Cleanup
+    The run starts in its own session; when it ends or times out, every process group in its process tree
+    (the gateway, the trainer, Ray's and vLLM's processes, the agents) is sent SIGTERM, then SIGKILL.
 
 Needs
     An NVIDIA GPU, and this repository's checkout with `pip install -e '.[trainer,gpu]'` (torch 2.11.0, vllm
@@ -21,8 +28,10 @@ Needs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +41,9 @@ from typing import Any
 import yaml
 
 from asyncrl.api.types.status import SEED_METRIC_FIELDS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_smoke_check.py, beside this file
+from gpu_smoke_check import read_metrics, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart-local.yaml"
@@ -95,11 +107,70 @@ def run_local(run_file: Path, work_dir: Path, metrics_file: Path, timeout: float
         f"--metrics-file={metrics_file}",
     ]
     print("+", " ".join(argv), flush=True)
+    process = subprocess.Popen(argv, cwd=REPO, start_new_session=True)
     try:
-        return subprocess.run(argv, cwd=REPO, timeout=timeout, check=False).returncode
+        return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"gpu_smoke: the run did not finish within {timeout:.0f}s", flush=True)
         return 124
+    finally:
+        stop_process_tree(process.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+
+
+def process_groups(root: int) -> list[int]:
+    """The process groups of `root` and all its descendants (read from /proc), root's first."""
+    parents: dict[int, int] = {}
+    groups: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        groups[int(entry.name)] = int(fields[2])
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier += children
+    ordered = [groups[root]] if root in groups else []
+    return ordered + sorted({groups[pid] for pid in tree if pid in groups} - set(ordered))
+
+
+def stop_process_tree(root: int, grace_seconds: float = 15.0) -> None:
+    """SIGTERM every process group of the run's tree, then SIGKILL what is left after the grace period."""
+    groups = [group for group in process_groups(root) if group != os.getpgrp()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+                alive.append(group)
+        if not alive or sig == signal.SIGKILL:
+            return
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and any(_group_alive(group) for group in alive):
+            time.sleep(0.5)
+        groups = [group for group in alive if _group_alive(group)]
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    if not path.is_file():
+        return f"({path} does not exist)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def report(metrics_file: Path) -> int:
@@ -136,14 +207,29 @@ def main() -> int:
     run_file.write_text(yaml.safe_dump(manifest(model_dir, args.steps), sort_keys=False))
     metrics_file = work / "metrics.jsonl"
     metrics_file.unlink(missing_ok=True)
-    code = run_local(run_file, work / "run", metrics_file, args.timeout_seconds)
+    run_dir = work / "run"
+    code = run_local(run_file, run_dir, metrics_file, args.timeout_seconds)
     steps = report(metrics_file) if metrics_file.is_file() else 0
+    rows = read_metrics(metrics_file) if metrics_file.is_file() else []
+    trainer_log = run_dir / "trainer.log"
+    result = verdict(
+        rows,
+        steps=args.steps,
+        trainer_log=trainer_log.read_text(errors="replace") if trainer_log.is_file() else "",
+    )
+    print("\n" + result.table)
+    problems = ([f"the run exited with code {code}"] if code != 0 else []) + result.problems
     print(
         f"\ngpu_smoke: {steps} of {args.steps} steps in {time.monotonic() - started:.0f}s (exit code {code})"
     )
-    if code != 0 or steps < args.steps:
-        print(f"gpu_smoke: FAILED; logs in {work / 'run'} (trainer.log, gateway.log, agents/)")
+    if problems:
+        for problem in problems:
+            print(f"FAIL {problem}")
+        for name in ("trainer.log", "gateway.log"):
+            print(f"\n--- last lines of {run_dir / name} ---\n{tail(run_dir / name)}")
+        print(f"gpu_smoke: FAILED; logs in {run_dir} (trainer.log, gateway.log, agents/)")
         return 1
+    print("gpu_smoke: PASSED")
     return 0
 
 

@@ -87,6 +87,7 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
         "image": "ghcr.io/asyncrl/gateway:0.1.0",
         "port": 8090,
         "retryAfterSeconds": 5,
+        "samplingParams": "Enforce",
     }
     assert stored["logging"] == {"wandb": {"mode": "Offline"}}
     assert stored["async"]["stalenessPolicy"] == "cancel"

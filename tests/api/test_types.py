@@ -128,7 +128,12 @@ def test_documented_defaults() -> None:
             "failedRolloutReward": 0.0,
             "sampleLevel": "Trajectory",
         },
-        "gateway": {"image": "ghcr.io/asyncrl/gateway:0.1.0", "port": 8090, "retryAfterSeconds": 5},
+        "gateway": {
+            "image": "ghcr.io/asyncrl/gateway:0.1.0",
+            "port": 8090,
+            "retryAfterSeconds": 5,
+            "samplingParams": "Enforce",
+        },
         "agents": {
             "template": {"inline": "kind: Job"},
             "maxJobsPerMinute": 100,

@@ -2,7 +2,8 @@
 
 The proxy stores each call as raw bytes (cheap on the hot path); parsing happens here, when the trainer
 reads a rollout's events. The shapes read are vLLM's OpenAI-compatible responses with `return_token_ids` and
-`logprobs`, which the reference model server also produces.
+`logprobs`, which the reference model server also produces. vLLM puts the prompt's token ids at the top
+level of a chat completion but inside each choice of a text completion; both are read.
 
 The events document is the trainer's one read of a rollout, so nothing an agent stored may make it fail:
 each call and each event is encoded on its own, and one that cannot be (too deep, NaN, an odd upstream
@@ -51,6 +52,12 @@ def _choice_logprobs(choice: dict[str, Any]) -> list[float] | None:
     return None
 
 
+def _prompt_token_ids(response: Any, choice: dict[str, Any]) -> Any:
+    """At the top level (chat completions), else in the choice (text completions, as vLLM puts them)."""
+    top = response.get("prompt_token_ids") if isinstance(response, dict) else None
+    return top if top is not None else choice.get("prompt_token_ids")
+
+
 def parse_call(call: CapturedCall) -> dict[str, Any]:
     """One model call as JSON: request, response, token ids, log-probs, latency, status, model version."""
     request = _json(call.request_body)
@@ -67,9 +74,10 @@ def parse_call(call: CapturedCall) -> dict[str, Any]:
         "started_at": call.started_at,
         "request": request,
         "response": response,
-        "prompt_token_ids": response.get("prompt_token_ids") if isinstance(response, dict) else None,
+        "prompt_token_ids": _prompt_token_ids(response, choice),
         "response_token_ids": choice.get("token_ids"),
         "response_logprobs": _choice_logprobs(choice),
+        "agent_sampling": call.agent_sampling,
     }
 
 

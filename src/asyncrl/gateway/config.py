@@ -8,6 +8,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
 
+from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
+
 KEY_ENV_VAR = "ASYNCRL_GATEWAY_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_JSON_DEPTH = 64
@@ -70,6 +72,14 @@ class GatewayConfig(BaseModel):
     max_completion_feed_entries: int = Field(default=100_000, ge=100, description="Retained feed length.")
     capture_token_ids: bool = Field(
         default=True, description="Ask the upstream for token ids and log-probs on train-mode calls."
+    )
+
+    sampling_params: SamplingParamsPolicy = Field(
+        default=SamplingParamsPolicy.ENFORCE,
+        description="Enforce, Reject or Allow the agents' own temperature/top_p/top_k on train-mode calls.",
+    )
+    rollout_sampling: RolloutSampling = Field(
+        default_factory=RolloutSampling, description="The run's rollout sampling settings."
     )
 
     @field_validator("upstreams")

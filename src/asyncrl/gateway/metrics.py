@@ -54,6 +54,11 @@ class GatewayMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.sampling_overridden = Counter(
+            "asyncrl_gateway_sampling_overridden",
+            "Train-mode model calls whose temperature/top_p/top_k the gateway replaced with the run's.",
+            registry=self.registry,
+        )
         self.drain_seconds = Gauge(
             "asyncrl_gateway_last_drain_seconds",
             "Duration of the last pause's drain.",

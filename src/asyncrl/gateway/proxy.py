@@ -26,6 +26,7 @@ from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.door import Refused, RouteAccess, authorize, parse_json, read_body
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState
+from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.gateway.store import CapturedCall, RolloutStore, UnknownAttempt, check_attempt
 
 logger = logging.getLogger(__name__)
@@ -176,6 +177,18 @@ class ProxyHandler:
             raise Refused(400, "request body must be a JSON object")
         if body.get("stream"):
             raise Refused(400, "streaming is not supported by the gateway; send stream=false")
+        try:
+            sampling = apply_rollout_sampling(
+                body,
+                policy=self.config.sampling_params,
+                rollout=self.config.rollout_sampling,
+                train=mode == "train",
+            )
+        except SamplingRefused as error:
+            raise Refused(400, "sampling settings refused", detail=str(error)) from error
+        body = sampling.body
+        if sampling.asked is not None:
+            self.metrics.sampling_overridden.inc()
 
         # No await between this check and enter(): a call either sees the pause or is counted in flight.
         if self.pause.paused:
@@ -211,6 +224,7 @@ class ProxyHandler:
                     request_body=request_bytes,
                     response_body=response,
                     started_at=call_started,
+                    agent_sampling=sampling.asked,
                 ),
             )
         finally:

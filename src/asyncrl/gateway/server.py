@@ -17,6 +17,7 @@ from asyncrl.gateway.config import (
     MAX_JSON_DEPTH_CEILING,
     GatewayConfig,
 )
+from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="event data (JSON bytes) one rollout may store in all; more gets 413 "
         f"(default {DEFAULT_MAX_EVENT_BYTES})",
     )
+    parser.add_argument(
+        "--sampling-params",
+        choices=[policy.value for policy in SamplingParamsPolicy],
+        default=SamplingParamsPolicy.ENFORCE.value,
+        help="the agents' temperature/top_p/top_k on train-mode calls: Enforce the run's (default), Reject "
+        "calls that differ, or Allow them",
+    )
+    parser.add_argument("--rollout-temperature", type=float, default=1.0, help="the run's (default 1.0)")
+    parser.add_argument("--rollout-top-p", type=float, default=1.0, help="the run's (default 1.0)")
+    parser.add_argument("--rollout-top-k", type=int, default=-1, help="the run's (default -1: off)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -106,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             max_json_depth=args.max_json_depth,
             max_event_bytes=args.max_event_bytes,
+            sampling_params=SamplingParamsPolicy(args.sampling_params),
+            rollout_sampling=RolloutSampling(
+                temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k
+            ),
         )
     except ValidationError as error:
         problems = "; ".join(f"{_flag_of(e['loc'])}: {e['msg']}" for e in error.errors())

@@ -89,6 +89,7 @@ class CapturedCall:
     request_body: bytes
     response_body: bytes
     started_at: float
+    agent_sampling: dict[str, Any] | None = None  # the agent's own settings, when the run's replaced them
 
 
 @dataclass

@@ -30,6 +30,7 @@ import yaml
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
+from asyncrl.gateway.sampling import sampling_args
 from asyncrl.local.agents import LocalAgents
 from asyncrl.testing.controlplane import free_port
 from asyncrl.trainer.failures import EXIT_CONFIG_ERROR, PERMANENT_EXIT_CODES
@@ -247,6 +248,7 @@ async def run_locally(args: argparse.Namespace) -> int:
             f"--port={gateway_port}",
             f"--model={run.spec.model.name}",
             f"--retry-after-seconds={run.spec.gateway.retry_after_seconds}",
+            *sampling_args(run.spec.gateway.sampling_params, run.spec.trainer.rollout_sampling()),
             "--log-level=warning",
         ],
         env,

@@ -18,6 +18,7 @@ import yaml
 
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types.spec import TrainerBackend
+from asyncrl.gateway.sampling import sampling_args
 from asyncrl.operator import names
 
 JSON = dict[str, Any]
@@ -141,6 +142,7 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
             f"--model={spec.model.name}",
             f"--key-file={KEY_DIR}/{secret_key}",
             f"--retry-after-seconds={spec.gateway.retry_after_seconds}",
+            *sampling_args(spec.gateway.sampling_params, spec.trainer.rollout_sampling()),
         ],
         "ports": [{"name": "gateway", "containerPort": port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"}, "periodSeconds": 2},

@@ -1,7 +1,10 @@
 """A small OpenAI-compatible server for tests and benchmarks: real HTTP, deterministic answers.
 
-It answers /v1/chat/completions and /v1/completions in vLLM's shape (with `prompt_token_ids`, per-choice
-`token_ids` and log-probs), so the gateway's capture path sees what it sees in production. Test knobs ride in
+It answers /v1/chat/completions and /v1/completions in vLLM's shape, so the gateway's capture path sees what
+it sees in production: with `return_token_ids`, a chat completion carries `prompt_token_ids` at the top
+level and a text completion inside each choice (vLLM's `CompletionResponseChoice`); `token_ids` are always
+per choice; fields vLLM leaves empty are present as null. It records the sampling settings of the last
+request (`GET /stats`), so tests can see what the gateway forwarded. Test knobs ride in
 the request body: `fake_delay_seconds` (sleep before answering) and `fake_status` (answer with that status).
 Run it with `python -m asyncrl.testing.fake_upstream --port P`.
 """
@@ -33,40 +36,59 @@ def completion(body: dict[str, Any], *, chat: bool, calls: int) -> dict[str, Any
     answer = f"echo {len(prompt.split())} words call {calls}"
     token_ids = _tokens(answer)
     logprobs = [-0.1 * (index + 1) for index in range(len(token_ids))]
-    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "token_ids": token_ids}
+    with_ids = bool(body.get("return_token_ids"))
+    prompt_ids = _tokens(prompt) if with_ids else None
+    choice: dict[str, Any] = {"index": 0}
     if chat:
-        choice["message"] = {"role": "assistant", "content": answer}
+        choice["message"] = {"role": "assistant", "content": answer, "tool_calls": []}
+        choice["logprobs"] = None
         if body.get("logprobs"):
             choice["logprobs"] = {
                 "content": [
-                    {"token": word, "logprob": value}
+                    {"token": word, "logprob": value, "bytes": list(word.encode()), "top_logprobs": []}
                     for word, value in zip(answer.split(), logprobs, strict=True)
                 ]
             }
     else:
         choice["text"] = answer
+        choice["logprobs"] = None
         if body.get("logprobs") is not None:
-            choice["logprobs"] = {"tokens": answer.split(), "token_logprobs": logprobs}
+            words = answer.split()
+            choice["logprobs"] = {
+                "text_offset": [sum(len(w) for w in words[:i]) for i in range(len(words))],
+                "token_logprobs": logprobs,
+                "tokens": words,
+                "top_logprobs": [{word: value} for word, value in zip(words, logprobs, strict=True)],
+            }
+    choice.update(finish_reason="stop", stop_reason=None, token_ids=token_ids if with_ids else None)
+    if not chat:
+        choice.update(prompt_logprobs=None, prompt_token_ids=prompt_ids)
+    prompt_tokens = len(prompt.split())
     response: dict[str, Any] = {
-        "id": f"cmpl-{calls}",
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{calls}",
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": body.get("model", "unknown"),
         "choices": [choice],
-        "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(token_ids)},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(token_ids),
+            "total_tokens": prompt_tokens + len(token_ids),
+        },
     }
-    if body.get("return_token_ids"):
-        response["prompt_token_ids"] = _tokens(prompt)
+    if chat:
+        response.update(prompt_logprobs=None, prompt_token_ids=prompt_ids)
     return response
 
 
 def build_app(default_delay_seconds: float = 0.0) -> web.Application:
-    state = {"calls": 0, "last_model": None}
+    state: dict[str, Any] = {"calls": 0, "last_model": None, "last_sampling": None}
 
     async def handle(request: web.Request) -> web.Response:
         body = await request.json()
         state["calls"] = int(state["calls"] or 0) + 1
         state["last_model"] = body.get("model")
+        state["last_sampling"] = {name: body.get(name) for name in ("temperature", "top_p", "top_k")}
         delay = float(body.get("fake_delay_seconds", default_delay_seconds))
         if delay > 0:
             await asyncio.sleep(delay)

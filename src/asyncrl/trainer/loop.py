@@ -123,6 +123,7 @@ class StepLoop:
         self._resync_needed = False  # a gateway call failed: the window may not match the gateway
         self._first_epoch_only = settings.total_steps is None
         self._failed_steps = 0  # consecutive steps whose consumed groups held nothing to train on
+        self._saved_step: int | None = None  # the step of the last checkpoint written or loaded
 
     # -- the gateway's lifetime ---------------------------------------------------------------------------
 
@@ -197,7 +198,15 @@ class StepLoop:
             found = latest_checkpoint(self.settings.checkpoint_dir)
             if found is not None:
                 path, state = found
+                # Loading sleeps and wakes the model servers: no agent call may be in flight meanwhile (the
+                # gateway outlived us and may be serving); run() resumes it after recovery.
+                await self.gateway.pause(
+                    reason=f"loading checkpoint {path.name}",
+                    retry_after_seconds=self.settings.retry_after_seconds,
+                    wait_seconds=self.settings.drain_timeout_seconds,
+                )
                 self.step = await self.backend.load_checkpoint(path)
+                self._saved_step = self.step
                 self.prompts = self.prompts.at(state.data_position)
                 consumed = state.consumed_group_ids
                 logger.info("resumed from checkpoint %s (step %d)", path, self.step)
@@ -408,14 +417,22 @@ class StepLoop:
                     await self._cancel(leftover, reason="the run finished")
         except GatewayFailure as error:
             logger.warning("cancelling the unfinished groups failed: %s", error)
-        if self.settings.checkpoint_dir is not None:
+        if self.settings.checkpoint_dir is not None and self._saved_step != self.step:
+            # Saving sleeps the model servers, as in a step: pause and drain first.
+            await self.gateway.pause(
+                reason="final checkpoint",
+                retry_after_seconds=self.settings.retry_after_seconds,
+                wait_seconds=self.settings.drain_timeout_seconds,
+            )
             await self._save_checkpoint(consumed=())
         await self.gateway.resume(model_version=self.backend.model_version)
 
     # -- pieces -------------------------------------------------------------------------------------------
 
     async def _save_checkpoint(self, *, consumed: Sequence[Group]) -> None:
-        assert self.settings.checkpoint_dir is not None
+        """A checkpoint of the current step, once: the last step's may already be saved by the step loop."""
+        if self.settings.checkpoint_dir is None or self._saved_step == self.step:
+            return
         position = self.prompts.position
         await save_checkpoint(
             self.settings.checkpoint_dir,
@@ -427,6 +444,7 @@ class StepLoop:
                 consumed_group_ids=tuple(group.group_id for group in consumed),
             ),
         )
+        self._saved_step = self.step
 
     def _data_exhausted(self) -> bool:
         return self._first_epoch_only and self.prompts.position.epoch > 0

@@ -33,7 +33,14 @@ LEARNING_RATE_KEY = "actor_rollout_ref.actor.optim.lr"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, required=True, help="the AsyncTrainingRun manifest (run.yaml)")
-    parser.add_argument("--gateway-url", required=True, help="the gateway (the pod's sidecar)")
+    parser.add_argument("--gateway-url", help="the gateway (the pod's sidecar); required unless --preflight")
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="only check what the run needs here (packages, CUDA and GPUs, CPUs for Ray, /dev/shm, the "
+        "model, the checkpoint folder), one line per check; exit 1 when one fails (the trainer runs them "
+        "first anyway)",
+    )
     parser.add_argument(
         "--inference-port",
         type=int,
@@ -152,9 +159,25 @@ def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks
     return MetricsSinks(sinks)
 
 
+def preflight(run: AsyncTrainingRun, checkpoint_dir: Path | None) -> list[Any]:
+    from asyncrl.trainer.preflight import run_checks, storage_units_from
+
+    return run_checks(run, checkpoint_dir=checkpoint_dir, storage_units=storage_units_from(run))
+
+
+def run_preflight(args: argparse.Namespace) -> int:
+    from asyncrl.trainer.preflight import failures, report
+
+    checks = preflight(load_manifest(args.config), args.checkpoint_dir)
+    print(report(checks))
+    return 1 if failures(checks) else 0
+
+
 async def train(args: argparse.Namespace) -> int:
     run = load_manifest(args.config)
     spec = run.spec
+    if not args.gateway_url:
+        raise SystemExit("asyncrl trainer: --gateway-url is required (unless --preflight)")
     key = os.environ.get(KEY_ENV_VAR, "").strip()
     if not key:
         raise SystemExit(f"asyncrl trainer: set {KEY_ENV_VAR} to the gateway key")
@@ -172,6 +195,13 @@ async def train(args: argparse.Namespace) -> int:
     )
     prompts = PromptSource(rows_of(run, args.data_file), shuffle=spec.data.shuffle, seed=spec.data.seed)
     backend = build_backend(run, inference_port=args.inference_port, checkpoint_dir=args.checkpoint_dir)
+    # After the config check (a bad verl key is named first), before any model or GPU work.
+    from asyncrl.trainer.preflight import failures, report
+
+    checks = preflight(run, args.checkpoint_dir)
+    logger.info("preflight:\n%s", report(checks))
+    if failures(checks):
+        raise SystemExit(f"asyncrl trainer: preflight failed:\n{report(failures(checks))}")
     sinks = build_sinks(run, args)
     await backend.start()
     logger.info("model servers %s; gateway %s", ", ".join(backend.serve_urls), args.gateway_url)
@@ -190,6 +220,12 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.preflight:
+        try:
+            return run_preflight(args)
+        except SystemExit as error:
+            print(error.code, file=sys.stderr)
+            return 2
     try:
         return asyncio.run(train(args))
     except SystemExit as error:

@@ -35,7 +35,7 @@ def rows_from_completions(answers: list[dict[str, Any]]) -> list[TrainingRow]:
             tokens = choice["token_ids"]
             rows.append(
                 row(
-                    prompt=answer["prompt_token_ids"],
+                    prompt=choice["prompt_token_ids"],
                     response=tokens,
                     log_probs=choice["logprobs"]["token_logprobs"],
                     reward=sum(token < 128 for token in tokens) / len(tokens),
@@ -98,7 +98,7 @@ def test_a_request_in_flight_during_an_update_is_answered_wholly_by_the_old_weig
 
     assert (during["model_version"], after["model_version"]) == (0, 1)
     assert len(during["choices"][0]["token_ids"]) == 400
-    prompt, response = during["prompt_token_ids"], during["choices"][0]["token_ids"]
+    prompt, response = during["choices"][0]["prompt_token_ids"], during["choices"][0]["token_ids"]
     with torch.no_grad():
         logits = old_policy.model(input_ids=torch.tensor([prompt + response])).logits[0]
     expected = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1].gather(

@@ -85,6 +85,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
         "kv_clear",
         lambda **kw: recorder.calls.append(("kv_clear", tuple(kw["keys"]), kw["partition_id"])),
     )
+    monkeypatch.setattr(transfer_queue, "kv_list", lambda **kw: {kw["partition_id"]: {}})
     return recorder
 
 

@@ -33,7 +33,8 @@ from asyncrl.api.types.rules import (
     check_exactly_one,
     immutable_rules,
 )
-from asyncrl.api.types.verl_overrides import owned_key_errors
+from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
+from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
 from asyncrl.trainer.window import StalenessPolicy, WindowConfig
 
 
@@ -299,7 +300,15 @@ class TrainerSpec(ApiModel):
         errors = owned_key_errors(value or {})
         if errors:
             raise ValueError("; ".join(errors))
+        rollout_sampling_of(flatten_overrides(value or {}))  # the gateway enforces these: numbers, in range
         return value
+
+    def rollout_sampling(self) -> RolloutSampling:
+        """The run's rollout temperature/top_p/top_k: verl's defaults unless verlOverrides sets them; always
+        the defaults on the reference backend, whose update recomputes log-probs at temperature 1."""
+        if self.backend is TrainerBackend.REFERENCE:
+            return RolloutSampling()
+        return rollout_sampling_of(flatten_overrides(self.verl_overrides or {}))
 
 
 class GatewaySpec(ApiModel):
@@ -320,6 +329,16 @@ class GatewaySpec(ApiModel):
         default=5,
         ge=1,
         description="Retry-After sent with HTTP 429 to model calls during a weight update.",
+    )
+    sampling_params: SamplingParamsPolicy = Field(
+        default=SamplingParamsPolicy.ENFORCE,
+        description=(
+            "The agents' temperature/top_p/top_k on train-mode calls: `Enforce` replaces them with the run's "
+            "rollout settings (actor_rollout_ref.rollout.* in verlOverrides; verl's defaults 1.0, 1.0, -1) "
+            "and "
+            "records what the agent asked for, `Reject` answers 400 to calls that ask for other values, "
+            "`Allow` forwards them (the importance weights are then biased)."
+        ),
     )
     agent_url: str | None = Field(
         default=None,

@@ -1,7 +1,8 @@
 """The OpenAI wire format as vLLM speaks it: requests → sampling settings, samples → response bodies.
 
-The gateway captures exactly these shapes (`asyncrl.gateway.capture`): top-level `prompt_token_ids`,
-per-choice `token_ids` (both when the request sets `return_token_ids`), chat log-probs under
+The gateway captures exactly these shapes (`asyncrl.gateway.capture`): `prompt_token_ids` at the top level
+of a chat completion and inside each choice of a text completion (as vLLM's `CompletionResponseChoice`),
+per-choice `token_ids` (all when the request sets `return_token_ids`), chat log-probs under
 `logprobs.content[i].logprob` (`logprobs: true`) and completion log-probs under `logprobs.token_logprobs`
 (`logprobs: k`, 0 included). Two fields are ours: `model_version`, the training step of the weights that
 generated the response, at the top level (also sent as the header `x-asyncrl-model-version`).
@@ -208,6 +209,8 @@ def completion_response(
                 "finish_reason": sample.finish_reason,
                 "stop_reason": sample.stop_reason,
                 "token_ids": list(sample.token_ids) if request.return_token_ids else None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": generation.prompt_token_ids if request.return_token_ids else None,
             }
         )
     return _envelope(
@@ -277,7 +280,7 @@ def _envelope(
 ) -> dict[str, Any]:
     prompt_tokens = len(generation.prompt_token_ids)
     completion_tokens = sum(len(sample.token_ids) for sample in samples)
-    return {
+    envelope: dict[str, Any] = {
         "id": f"{id_prefix}-{uuid.uuid4().hex}",
         "object": kind,
         "created": int(time.time()),
@@ -288,9 +291,14 @@ def _envelope(
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         },
-        "prompt_token_ids": generation.prompt_token_ids if request.return_token_ids else None,
         "model_version": model_version,
     }
+    if kind == "chat.completion":  # a text completion carries them in each choice
+        envelope.update(
+            prompt_logprobs=None,
+            prompt_token_ids=generation.prompt_token_ids if request.return_token_ids else None,
+        )
+    return envelope
 
 
 def _token_text(tokenizer: PreTrainedTokenizerFast, token: int) -> str:

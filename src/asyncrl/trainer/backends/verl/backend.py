@@ -31,6 +31,7 @@ import httpx
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
 from asyncrl.trainer.backends.staging import read_checkpoint_meta, staged_directory, write_checkpoint_meta
 from asyncrl.trainer.backends.verl.batch import build_trajectory_batch
+from asyncrl.trainer.backends.verl.resources import plan_ray_cpus, storage_units_of
 from asyncrl.trainer.rows import TrainingRow
 
 logger = logging.getLogger(__name__)
@@ -97,9 +98,14 @@ class VerlBackend:
         from asyncrl.trainer.backends.verl.trainer import WindowDrivenTrainer
 
         if not ray.is_initialized():
+            # Sized to the pod, not the node: otherwise verl's placement groups wait forever (resources.py).
+            plan = plan_ray_cpus(
+                gpus=int(self.config.trainer.n_gpus_per_node), storage_units=storage_units_of(self.config)
+            )
+            logger.info("starting Ray: %s", plan.describe())
             runtime_env = _ray_runtime_env(self.config)
             runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
-            ray.init(runtime_env=runtime_env, include_dashboard=False)
+            ray.init(num_cpus=plan.available, runtime_env=runtime_env, include_dashboard=False)
         OmegaConf.resolve(self.config)
         tq.init(self.config.transfer_queue)
         trainer: Any = WindowDrivenTrainer(config=self.config)
@@ -132,7 +138,7 @@ class VerlBackend:
         try:
             verl_metrics = trainer.train_on(meta, step=step)
         finally:
-            tq.kv_clear(keys=list(meta.keys), partition_id=PARTITION)  # with verl's padding rows, if any
+            clear_partition(meta.keys)
         self._version = step + 1
         seconds = time.perf_counter() - started
         return update_metrics(rows, verl_metrics, step=step, seconds=seconds)
@@ -208,6 +214,22 @@ async def served_model_name(url: str, *, attempts: int = 60) -> str:
                 logger.info("waiting for %s/v1/models (%d): %s", url, attempt + 1, error)
             await asyncio.sleep(1.0)
     raise RuntimeError(f"{url}/v1/models named no model within {attempts}s")
+
+
+def clear_partition(keys: Sequence[str]) -> None:
+    """Clear an update's records: its rows, and the padding rows verl's `_balance_batch` added to them.
+
+    `_balance_batch` pads the batch to a multiple of `trainBatchSize x n` (and of the data-parallel size)
+    and returns a new meta whose keys include the pads; a failure can happen after they were written. The
+    partition belongs to this backend and holds nothing between updates, so whatever it still holds is
+    cleared with the rows (verl's own `fit` clears the padded batch's keys).
+    """
+    import transfer_queue as tq
+
+    listed = tq.kv_list(partition_id=PARTITION).get(PARTITION, {})
+    leftover = list(dict.fromkeys([*keys, *listed]))
+    if leftover:
+        tq.kv_clear(keys=leftover, partition_id=PARTITION)
 
 
 def _ray_runtime_env(config: Any) -> dict[str, Any]:

@@ -112,8 +112,10 @@ def _record(row: TrainingRow, *, step: int) -> dict[str, Any]:
         "position_ids": torch.arange(len(input_ids), dtype=torch.int64),
         "rollout_log_probs": torch.tensor(row.rollout_log_probs, dtype=torch.float32),
         "rm_scores": scores,
-        "num_turns": torch.tensor(1, dtype=torch.int64),
-        "global_steps": torch.tensor(step, dtype=torch.int64),
+        # Plain ints, as verl's agent loop stores them (and its padding rows copy): a tensor here, an int in
+        # a padding row would be two kinds of value under one field.
+        "num_turns": 1,
+        "global_steps": step,
         "uid": row.group_id,
     }
 

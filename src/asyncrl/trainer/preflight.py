@@ -1,0 +1,226 @@
+"""`asyncrl trainer --preflight`: what a GPU trainer pod needs, checked in seconds instead of found in hours.
+
+The trainer also runs these checks first thing, so a pod that lacks a package, a GPU, CPUs for Ray's
+bundles, shared memory, its model or a writable checkpoint folder fails at once with the fix, rather than
+after minutes of loading (or never: verl's placement groups wait forever for CPUs they cannot get).
+
+Each check is a small function returning a `Check`; the probes that touch the machine (package versions,
+CUDA, /dev/shm, cgroups) are parameters, so the checks are tested on CPU with fake probes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncrl.api import AsyncTrainingRun
+from asyncrl.api.types.spec import TrainerBackend
+from asyncrl.trainer.backends.verl.resources import (
+    DEFAULT_STORAGE_UNITS,
+    RayResourcesError,
+    plan_ray_cpus,
+)
+
+# The trainer image's GPU stack (trainer_image/constraints.txt; a test keeps the two equal).
+GPU_STACK_PINS: Mapping[str, str] = {
+    "torch": "2.11.0",
+    "vllm": "0.24.0",
+    "verl": "0.9.1",
+    "transformers": "5.9.0",
+    "ray": "2.60.0",
+    "TransferQueue": "0.1.11",
+    "tensordict": "0.10.0",
+}
+REFERENCE_PACKAGES = ("torch", "transformers")
+# NCCL and vLLM's workers exchange through /dev/shm; a container's default (64 MiB) breaks them. A floor,
+# not a measured need: 1 GiB per GPU.
+SHM_BYTES_PER_GPU = 1 << 30
+STORAGE_UNITS_KEY = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
+        return text if self.ok or not self.fix else f"{text}; fix: {self.fix}"
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What the checks read from the machine; replaced in tests."""
+
+    version: Callable[[str], str | None]
+    cuda: Callable[[], tuple[bool, int, str]]  # (available, devices visible, driver/runtime description)
+    shm_bytes: Callable[[], int | None]
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    node_cpus: int | None = None
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cuda_state() -> tuple[bool, int, str]:
+    try:
+        import torch
+    except ImportError:
+        return False, 0, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, 0, f"torch {torch.__version__} sees no CUDA device"
+    return True, torch.cuda.device_count(), f"CUDA {torch.version.cuda}, torch {torch.__version__}"
+
+
+def shm_size() -> int | None:
+    try:
+        return shutil.disk_usage("/dev/shm").total
+    except OSError:
+        return None
+
+
+MACHINE = Probes(version=installed_version, cuda=cuda_state, shm_bytes=shm_size)
+
+
+def check_packages(backend: TrainerBackend, probes: Probes) -> Check:
+    if backend is TrainerBackend.REFERENCE:
+        missing = [name for name in REFERENCE_PACKAGES if probes.version(name) is None]
+        if missing:
+            return Check("packages", False, f"missing {', '.join(missing)}", "pip install 'asyncrl[trainer]'")
+        return Check("packages", True, ", ".join(f"{n} {probes.version(n)}" for n in REFERENCE_PACKAGES))
+    found = {name: probes.version(name) for name in GPU_STACK_PINS}
+    wrong = [
+        f"{name} {found[name] or 'missing'} (needs {pin})"
+        for name, pin in GPU_STACK_PINS.items()
+        if found[name] != pin
+    ]
+    if wrong:
+        return Check(
+            "packages",
+            False,
+            "; ".join(wrong),
+            "use the trainer image, or pip install '.[trainer,gpu]' "
+            "--constraint trainer_image/constraints.txt",
+        )
+    return Check("packages", True, ", ".join(f"{name} {version}" for name, version in found.items()))
+
+
+def check_cuda(gpus: int, probes: Probes) -> list[Check]:
+    available, visible, description = probes.cuda()
+    if not available:
+        fix = "run on a GPU node with the NVIDIA driver (the pod asks for spec.trainer.gpus nvidia.com/gpu)"
+        return [Check("cuda", False, description, fix)]
+    checks = [Check("cuda", True, description)]
+    if visible < gpus:
+        checks.append(
+            Check(
+                "gpus",
+                False,
+                f"{visible} visible, spec.trainer.gpus is {gpus}",
+                "set spec.trainer.gpus to the GPUs the pod gets, or check CUDA_VISIBLE_DEVICES",
+            )
+        )
+    else:
+        checks.append(Check("gpus", True, f"{visible} visible, spec.trainer.gpus is {gpus}"))
+    return checks
+
+
+def check_ray_cpus(gpus: int, storage_units: int, probes: Probes) -> Check:
+    try:
+        plan = plan_ray_cpus(
+            gpus=gpus, storage_units=storage_units, cgroup_root=probes.cgroup_root, node_cpus=probes.node_cpus
+        )
+    except RayResourcesError as error:
+        return Check("ray cpus", False, error.detail, error.fix)
+    return Check("ray cpus", True, plan.describe())
+
+
+def check_shm(gpus: int, probes: Probes) -> Check:
+    size = probes.shm_bytes()
+    needed = SHM_BYTES_PER_GPU * max(gpus, 1)
+    if size is None:
+        return Check("/dev/shm", False, "not mounted", "mount an emptyDir with medium: Memory at /dev/shm")
+    detail = f"{size / 2**30:.1f} GiB (at least {needed / 2**30:.0f} GiB for {gpus} GPU(s))"
+    if size < needed:
+        return Check("/dev/shm", False, detail, "mount a larger emptyDir with medium: Memory at /dev/shm")
+    return Check("/dev/shm", True, detail)
+
+
+def check_model_path(path: str) -> Check:
+    local = path.startswith(("/", "./", "../", "~"))
+    if not local:
+        return Check("model", True, f"{path!r} is not a local path: verl fetches it from the Hub")
+    directory = Path(path).expanduser()
+    if not (directory / "config.json").is_file():
+        return Check(
+            "model",
+            False,
+            f"{directory} has no config.json",
+            "mount the model's Hugging Face directory there, or fix spec.model.path",
+        )
+    return Check("model", True, f"{directory}")
+
+
+def check_checkpoint_dir(directory: Path | None) -> Check:
+    if directory is None:
+        return Check("checkpoints", True, "no --checkpoint-dir: none are saved")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".preflight-{uuid.uuid4().hex}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as error:
+        return Check(
+            "checkpoints",
+            False,
+            f"cannot write in {directory}: {error.strerror}",
+            "mount a writable volume there (spec.trainer.checkpoint.claimName) owned by the pod's user",
+        )
+    return Check("checkpoints", True, f"{directory} is writable")
+
+
+def run_checks(
+    run: AsyncTrainingRun,
+    *,
+    checkpoint_dir: Path | None,
+    probes: Probes = MACHINE,
+    storage_units: int = DEFAULT_STORAGE_UNITS,
+) -> list[Check]:
+    spec = run.spec
+    backend = spec.trainer.backend
+    checks = [check_packages(backend, probes)]
+    if backend is TrainerBackend.VERL:
+        gpus = spec.trainer.gpus
+        checks += check_cuda(gpus, probes)
+        checks.append(check_ray_cpus(gpus, storage_units, probes))
+        checks.append(check_shm(gpus, probes))
+        checks.append(check_model_path(spec.model.path))
+    checks.append(check_checkpoint_dir(checkpoint_dir))
+    return checks
+
+
+def failures(checks: list[Check]) -> list[Check]:
+    return [check for check in checks if not check.ok]
+
+
+def report(checks: list[Check]) -> str:
+    return "\n".join(check.line() for check in checks)
+
+
+def storage_units_from(run: AsyncTrainingRun) -> int:
+    """TransferQueue's storage units the run asks for (verlOverrides), else verl's default."""
+    from asyncrl.api.types.verl_overrides import flatten_overrides
+
+    overrides = flatten_overrides(run.spec.trainer.verl_overrides or {})
+    value = overrides.get(STORAGE_UNITS_KEY, DEFAULT_STORAGE_UNITS)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_STORAGE_UNITS

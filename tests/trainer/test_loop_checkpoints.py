@@ -1,0 +1,117 @@
+"""The step loop's checkpoints with a real gateway: loaded while the gateway is paused, saved once a step.
+
+A recording backend stands in for the model (no model is needed to see when the loop loads and saves); it
+asks the gateway whether it is paused at the moment of each call, as a sleeping vLLM would need it to be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from asyncrl.gateway.client import GatewayClient
+from asyncrl.trainer.adapter import AdapterConfig
+from asyncrl.trainer.backends import UpdateMetrics
+from asyncrl.trainer.checkpoints import LoopState, save_checkpoint
+from asyncrl.trainer.data import PromptSource
+from asyncrl.trainer.loop import LoopSettings, StepLoop
+from asyncrl.trainer.metrics import MetricsSinks
+from asyncrl.trainer.rows import TrainingRow
+from asyncrl.trainer.window import WindowConfig
+from tests.gateway.conftest import RunningGateway, launch_gateway
+
+
+class RecordingBackend:
+    serve_urls: tuple[str, ...] = ()
+    served_model = "m"
+
+    def __init__(self, gateway_url: str, key: str) -> None:
+        self.calls: list[tuple[str, int, bool]] = []
+        self.model_version = 0
+        self._state = httpx.Client(base_url=gateway_url, headers={"authorization": f"Bearer {key}"})
+
+    def _paused(self) -> bool:
+        return bool(self._state.get("/proxy/state").json()["paused"])
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def sleep(self) -> None: ...
+    async def wake(self) -> None: ...
+
+    async def update(self, rows: list[TrainingRow], *, step: int) -> UpdateMetrics:
+        raise AssertionError("not used here")
+
+    async def save_checkpoint(self, path: Path, *, step: int) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.calls.append(("save", step, self._paused()))
+
+    async def load_checkpoint(self, path: Path) -> int:
+        step = int(path.name.rsplit("-", 1)[-1])
+        self.calls.append(("load", step, self._paused()))
+        self.model_version = step
+        return step
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[RunningGateway]:
+    running = launch_gateway([], tmp_path)
+    yield running
+    running.process.stop()
+
+
+def loop_on(gateway: GatewayClient, backend: Any, checkpoint_dir: Path, *, every: int) -> StepLoop:
+    settings = LoopSettings(
+        window=WindowConfig(train_batch_size=1, rollout_n=2),
+        adapter=AdapterConfig(),
+        rollout_timeout_seconds=60,
+        total_steps=4,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every_steps=every,
+    )
+    prompts = PromptSource([{"q": "a"}], shuffle=False, seed=0)
+    return StepLoop(
+        settings=settings, gateway=gateway, backend=backend, prompts=prompts, sinks=MetricsSinks([])
+    )
+
+
+def test_a_restart_loads_its_checkpoint_with_the_gateway_paused(
+    gateway: RunningGateway, tmp_path: Path
+) -> None:
+    backend = RecordingBackend(gateway.url, gateway.key)
+    checkpoints = tmp_path / "checkpoints"
+
+    async def scenario() -> None:
+        await save_checkpoint(checkpoints, backend, LoopState(step=3, data_epoch=0, data_offset=1))
+        backend.calls.clear()
+        async with GatewayClient(gateway.url, gateway.key) as client:
+            await client.resume(model_version=0)  # serving, as a gateway that outlived its trainer can be
+            await loop_on(client, backend, checkpoints, every=1).recover()
+
+    asyncio.run(scenario())
+    assert backend.calls == [("load", 3, True)]
+
+
+@pytest.mark.parametrize(("every", "saves"), [(2, [("save", 4, True)]), (3, [("save", 4, True)])])
+def test_the_last_step_is_saved_once_and_with_the_gateway_paused(
+    gateway: RunningGateway, tmp_path: Path, every: int, saves: list[tuple[str, int, bool]]
+) -> None:
+    backend = RecordingBackend(gateway.url, gateway.key)
+
+    async def scenario() -> None:
+        async with GatewayClient(gateway.url, gateway.key) as client:
+            loop = loop_on(client, backend, tmp_path / "checkpoints", every=every)
+            loop.step = 4
+            if loop.step % every == 0:  # the last step saved its checkpoint, as _run_step does
+                await client.pause(reason="step 3", retry_after_seconds=1, wait_seconds=5)
+                await loop._save_checkpoint()
+                await client.resume(model_version=4)
+            await loop._finish()
+            assert not (await client.state())["paused"]
+
+    asyncio.run(scenario())
+    assert backend.calls == saves
