@@ -125,7 +125,7 @@ def test_the_runs_settings_come_from_verl_overrides_and_are_checked() -> None:
     assert rollout_sampling_of({"actor_rollout_ref.rollout.temperature": 0.6}).temperature == 0.6
     manifest = run_manifest("r")
     manifest["spec"]["trainer"] = {
-        "backend": "verl",
+        "backend": "Verl",
         "gpus": 1,
         "verlOverrides": {"actor_rollout_ref": {"rollout": {"top_p": 0.95, "top_k": 40}}},
     }

@@ -66,7 +66,7 @@ def gateway(tmp_path: Path) -> Iterator[RunningGateway]:
 
 def loop_on(gateway: GatewayClient, backend: Any, checkpoint_dir: Path, *, every: int) -> StepLoop:
     settings = LoopSettings(
-        window=WindowConfig(train_batch_size=1, rollout_n=2),
+        window=WindowConfig(train_batch_size=1, samples_per_prompt=2),
         adapter=AdapterConfig(),
         rollout_timeout_seconds=60,
         total_steps=4,

@@ -146,9 +146,9 @@ class StandInActorWorkerGroup:
 def backend_on_real_verl() -> tuple[VerlBackend, StandInActorWorkerGroup]:
     config = verl_config(
         trainBatchSize=2,
-        rollout={"n": 3},
-        rolloutCorrection={"mode": "token", "threshold": THRESHOLD},
-        **{"async": {"enabled": True, "asyncTrainBatchSize": 4}},
+        rollout={"samplesPerPrompt": 3},
+        rolloutCorrection={"mode": "Token", "threshold": THRESHOLD},
+        **{"async": {"enabled": True, "windowSize": 4}},
     )
     trainer = WindowDrivenTrainer(config=config)
     trainer._init_dataloader()
