@@ -108,7 +108,7 @@ def test_the_last_step_is_saved_once_and_with_the_gateway_paused(
             loop.step = 4
             if loop.step % every == 0:  # the last step saved its checkpoint, as _run_step does
                 await client.pause(reason="step 3", retry_after_seconds=1, wait_seconds=5)
-                await loop._save_checkpoint()
+                await loop._save_checkpoint(consumed=())
                 await client.resume(model_version=4)
             await loop._finish()
             assert not (await client.state())["paused"]
