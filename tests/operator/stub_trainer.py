@@ -39,7 +39,7 @@ async def main() -> int:
     run = yaml.safe_load(Path(args.config).read_text())
     spec = run["spec"]
     rows = spec["data"]["inline"]
-    n = int(spec.get("rollout", {}).get("n", 4))
+    n = int(spec.get("rollout", {}).get("samplesPerPrompt", 4))
     steps = int(spec.get("totalSteps") or 2)
 
     runner = web.AppRunner(build_app())

@@ -17,6 +17,7 @@ import pytest
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.podspec import Image, ImageTable
 from asyncrl.testing.waiting import wait_for
+from tests.operator.cluster import events
 from tests.operator.conftest import OperatorStarter, run_manifest
 from tests.support.wandb_log import history
 
@@ -195,16 +196,5 @@ def test_a_gateway_sidecar_killed_mid_run_is_restarted_and_the_run_finishes_ever
     )
     assert final["phase"] == "Succeeded", final.get("message")
     assert final["step"] == 4  # every step ran, under the new gateway too
-    reasons = {item.get("reason") for item in _events(kubectl, namespace)}
+    reasons = {item.get("reason") for item in events(kubectl, namespace)}
     assert "GatewayRestarted" in reasons
-
-
-def _events(kubectl: list[str], namespace: str) -> list[dict[str, Any]]:
-    listing = subprocess.run(
-        [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    items: list[dict[str, Any]] = json.loads(listing.stdout)["items"]
-    return items

@@ -9,7 +9,6 @@ scheduled), and `tests/operator/stub_trainer.py` for the trainer image.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,50 +19,19 @@ from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
 from tests.api.conftest import EXAMPLES
+from tests.operator.cluster import (
+    apply_run,
+    condition,
+    events,
+    kubectl_run,
+    run_status,
+    trainer_job,
+)
 from tests.operator.conftest import AGENT_TEMPLATE, TRAINER_IMAGE, OperatorStarter, run_manifest
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
-GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
 EXAMPLE_FILES = sorted(path.name for path in EXAMPLES.glob("*.yaml") if "invalid" not in path.name)
-
-
-def _kubectl(kubectl: list[str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*kubectl, *args], input=stdin, capture_output=True, text=True, check=False)
-
-
-def _apply(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    # JSON, not YAML: kubectl's YAML 1.1 would read the key `n` as false.
-    return _kubectl(kubectl, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
-
-
-def _status(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
-    from kubernetes import client
-
-    run = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
-    )
-    return dict(run.get("status") or {})
-
-
-def _condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c["type"] == kind), None)
-
-
-def _trainer_job(api_client: Any, namespace: str, run: str) -> Any:
-    from kubernetes import client
-
-    try:
-        return client.BatchV1Api(api_client).read_namespaced_job(names.trainer_job_name(run), namespace)
-    except client.exceptions.ApiException:
-        return None
-
-
-def _events(kubectl: list[str], namespace: str) -> list[dict[str, Any]]:
-    listing = _kubectl(kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json")
-    assert listing.returncode == 0, listing.stderr
-    items: list[dict[str, Any]] = json.loads(listing.stdout)["items"]
-    return items
 
 
 @pytest.mark.parametrize("example", EXAMPLE_FILES)
@@ -76,11 +44,11 @@ def test_every_example_gets_its_trainer_job_with_its_gpus(
 ) -> None:
     """`kubectl apply -f examples/<file>` exactly as a user runs it; the GPU run gets its GPU trainer Job."""
     start_operator()
-    applied = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / example))
+    applied = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / example))
     assert applied.returncode == 0, applied.stderr
     manifest = yaml.safe_load((EXAMPLES / example).read_text())
     name = manifest["metadata"]["name"]
-    job = wait_for(lambda: _trainer_job(api_client, namespace, name), timeout=90, what="the trainer Job")
+    job = wait_for(lambda: trainer_job(api_client, namespace, name), timeout=90, what="the trainer Job")
     (trainer,) = job.spec.template.spec.containers
     gpus = int(manifest["spec"].get("trainer", {}).get("gpus", 1))
     limits = (trainer.resources.limits or {}) if trainer.resources else {}
@@ -89,8 +57,7 @@ def test_every_example_gets_its_trainer_job_with_its_gpus(
         assert trainer.resources.requests["nvidia.com/gpu"] == str(gpus)
     else:
         assert "nvidia.com/gpu" not in limits
-    reconcile_errors = [e for e in _events(kubectl, namespace) if e.get("reason") == "ReconcileError"]
-    assert reconcile_errors == []
+    assert events(kubectl, namespace, reason="ReconcileError") == []
 
 
 def test_a_run_with_the_default_gpu_trainer_trains_to_completion(
@@ -107,23 +74,23 @@ def test_a_run_with_the_default_gpu_trainer_trains_to_completion(
         "image": TRAINER_IMAGE,
         "resources": {"limits": {"memory": "2Gi", "cpu": 2}, "requests": {"cpu": "500m"}},
     }
-    applied = _apply(kubectl, namespace, manifest)
+    applied = apply_run(kubectl, namespace, manifest)
     assert applied.returncode == 0, applied.stderr
-    job = wait_for(lambda: _trainer_job(api_client, namespace, "gpu-default"), timeout=90, what="the Job")
+    job = wait_for(lambda: trainer_job(api_client, namespace, "gpu-default"), timeout=90, what="the Job")
     (trainer,) = job.spec.template.spec.containers
     assert trainer.resources.limits == {"nvidia.com/gpu": "1", "memory": "2Gi", "cpu": "2"}
     assert trainer.resources.requests == {"nvidia.com/gpu": "1", "cpu": "500m"}
     wait_for(
-        lambda: _status(api_client, namespace, "gpu-default").get("phase") == "Succeeded",
+        lambda: run_status(api_client, namespace, "gpu-default").get("phase") == "Succeeded",
         timeout=180,
         what="the GPU run to succeed",
     )
-    waited = _kubectl(
+    waited = kubectl_run(
         kubectl, "wait", "-n", namespace, "atr/gpu-default", "--for=condition=Complete", "--timeout=30s"
     )
     assert waited.returncode == 0, waited.stderr
-    status = _status(api_client, namespace, "gpu-default")
-    failed = _condition(status, "Failed")
+    status = run_status(api_client, namespace, "gpu-default")
+    failed = condition(status, "Failed")
     assert failed is not None
     assert failed["status"] == "False"
 
@@ -139,7 +106,7 @@ def test_a_run_with_the_default_gpu_trainer_trains_to_completion(
 def test_names_that_cannot_name_the_children_are_refused_at_admission(
     name: str, why: str, namespace: str, kubectl: list[str], installed_crd: Path
 ) -> None:
-    result = _apply(kubectl, namespace, run_manifest(name))
+    result = apply_run(kubectl, namespace, run_manifest(name))
     assert result.returncode != 0, why
     assert "metadata.name must be at most 63 characters" in result.stderr, result.stderr
 
@@ -151,8 +118,8 @@ def test_a_name_at_the_length_limit_gets_all_its_children(
 
     start_operator()
     name = "a" * 63
-    assert _apply(kubectl, namespace, run_manifest(name)).returncode == 0
-    wait_for(lambda: _trainer_job(api_client, namespace, name), timeout=90, what="the trainer Job")
+    assert apply_run(kubectl, namespace, run_manifest(name)).returncode == 0
+    wait_for(lambda: trainer_job(api_client, namespace, name), timeout=90, what="the trainer Job")
     core = client.CoreV1Api(api_client)
     service = core.read_namespaced_service(names.gateway_service_name(name), namespace)
     assert len(service.metadata.name) <= 63
@@ -163,7 +130,7 @@ def test_resources_that_are_not_quantities_are_refused_at_admission(
 ) -> None:
     manifest = run_manifest("bad-resources")
     manifest["spec"]["trainer"]["resources"] = {"limits": {"memory": "lots"}}
-    result = _apply(kubectl, namespace, manifest)
+    result = apply_run(kubectl, namespace, manifest)
     assert result.returncode != 0
     assert "spec.trainer.resources.limits.memory" in result.stderr, result.stderr
 
@@ -176,21 +143,21 @@ def test_a_missing_template_config_map_is_reported_and_picked_up_once_created(
     start_operator()
     manifest = run_manifest("later-template")
     manifest["spec"]["agents"]["template"] = {"configMapRef": {"name": "agent-template", "key": "job.j2"}}
-    assert _apply(kubectl, namespace, manifest).returncode == 0
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "later-template")).get("message") and s,
+        lambda: (s := run_status(api_client, namespace, "later-template")).get("message") and s,
         timeout=60,
         what="a status message",
     )
     assert status["phase"] == "Pending"
     assert 'configmaps "agent-template" not found' in status["message"]
-    events = [e for e in _events(kubectl, namespace) if e.get("reason") == "ReconcileError"]
-    assert events
-    assert all("\n" not in e["note"] and "HTTP response headers" not in e["note"] for e in events)
+    reconcile_errors = events(kubectl, namespace, reason="ReconcileError")
+    assert reconcile_errors
+    assert all("\n" not in e["note"] and "HTTP response headers" not in e["note"] for e in reconcile_errors)
     client.CoreV1Api(api_client).create_namespaced_config_map(
         namespace, {"metadata": {"name": "agent-template"}, "data": {"job.j2": AGENT_TEMPLATE}}
     )
-    wait_for(lambda: _trainer_job(api_client, namespace, "later-template"), timeout=90, what="the Job")
+    wait_for(lambda: trainer_job(api_client, namespace, "later-template"), timeout=90, what="the Job")
 
 
 def test_inline_data_too_large_for_a_config_map_fails_the_run_with_advice(
@@ -202,10 +169,10 @@ def test_inline_data_too_large_for_a_config_map_fails_the_run_with_advice(
     manifest = run_manifest("big-data")
     manifest["spec"]["data"]["inline"] = [{"question": "x" * 1000, "index": i} for i in range(1100)]
     # `create`, not `apply`: apply's last-applied annotation could not hold a 1 MiB spec.
-    created = _kubectl(kubectl, "create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+    created = kubectl_run(kubectl, "create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
     assert created.returncode == 0, created.stderr
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "big-data")).get("phase") == "Failed" and s,
+        lambda: (s := run_status(api_client, namespace, "big-data")).get("phase") == "Failed" and s,
         timeout=60,
         what="the run to fail",
     )
@@ -227,18 +194,18 @@ def test_a_trainer_configuration_error_fails_the_run_and_the_trainer_is_stopped(
     executions = tmp_path / "trainer-executions"
     manifest = run_manifest("bad-config", totalSteps=3)
     manifest["spec"]["model"]["path"] = f"stub-fail:config_error:{executions}"
-    assert _apply(kubectl, namespace, manifest).returncode == 0
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "bad-config")).get("phase") == "Failed" and s,
+        lambda: (s := run_status(api_client, namespace, "bad-config")).get("phase") == "Failed" and s,
         timeout=120,
         what="the run to fail",
     )
     assert "configuration error" in status["message"]
     assert "stub config_error" in status["message"]
-    failed = _condition(status, "Failed")
+    failed = condition(status, "Failed")
     assert failed is not None
     assert failed["status"] == "True"
-    waited = _kubectl(
+    waited = kubectl_run(
         kubectl, "wait", "-n", namespace, "atr/bad-config", "--for=condition=Failed", "--timeout=30s"
     )
     assert waited.returncode == 0, waited.stderr
@@ -246,7 +213,7 @@ def test_a_trainer_configuration_error_fails_the_run_and_the_trainer_is_stopped(
     # Not restarted: the Job is suspended and its pod goes; the pod runner restarts a container after 1 s
     # (a kubelet after 10 s), so at most one restart can slip in before the operator's reaction.
     def stopped() -> bool:
-        job = _trainer_job(api_client, namespace, "bad-config")
+        job = trainer_job(api_client, namespace, "bad-config")
         pods = client.CoreV1Api(api_client).list_namespaced_pod(
             namespace, label_selector=f"job-name={names.trainer_job_name('bad-config')}"
         )

@@ -8,7 +8,6 @@ trainer (it creates the rollouts and posts step summaries; the trainer itself is
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from typing import Any
@@ -18,59 +17,10 @@ import pytest
 from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
+from tests.operator.cluster import agent_jobs, apply_run, events, run_object, run_status
 from tests.operator.conftest import OperatorStarter, run_manifest
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
-
-GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
-
-
-def _apply(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*kubectl, "apply", "-n", namespace, "-f", "-"],
-        input=json.dumps(manifest),  # JSON, not YAML: kubectl's YAML 1.1 would read the key `n` as false
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def _run(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
-    from kubernetes import client
-
-    result: dict[str, Any] = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
-    )
-    return result
-
-
-def _status(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
-    return dict(_run(api_client, namespace, name).get("status") or {})
-
-
-def _agent_jobs(api_client: Any, namespace: str) -> list[Any]:
-    from kubernetes import client
-
-    return list(
-        client.BatchV1Api(api_client)
-        .list_namespaced_job(namespace, label_selector=names.AGENT_JOB_SELECTOR)
-        .items
-    )
-
-
-def _events(kubectl: list[str], namespace: str) -> list[dict[str, Any]]:
-    listing = subprocess.run(
-        [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    items: list[dict[str, Any]] = json.loads(listing.stdout)["items"]
-    return items
-
-
-def _condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c["type"] == kind), None)
 
 
 def test_a_run_trains_through_agent_jobs_and_reports_progress_in_its_status(
@@ -83,12 +33,12 @@ def test_a_run_trains_through_agent_jobs_and_reports_progress_in_its_status(
     from kubernetes import client
 
     start_operator()
-    applied = _apply(kubectl, namespace, run_manifest("demo"))
+    applied = apply_run(kubectl, namespace, run_manifest("demo"))
     assert applied.returncode == 0, applied.stderr
 
     # Children exist, each owned by the run.
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
-    uid = _run(api_client, namespace, "demo")["metadata"]["uid"]
+    uid = run_object(api_client, namespace, "demo")["metadata"]["uid"]
 
     def children() -> list[Any] | None:
         try:
@@ -110,7 +60,7 @@ def test_a_run_trains_through_agent_jobs_and_reports_progress_in_its_status(
     # The stand-in trainer runs 2 steps of 2 groups x 2 rollouts; each rollout is one agent Job whose agent
     # calls the model through the gateway and reports a reward.
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "demo")).get("phase") == "Succeeded" and s,
+        lambda: (s := run_status(api_client, namespace, "demo")).get("phase") == "Succeeded" and s,
         timeout=180,
         what="the run to succeed",
     )
@@ -121,7 +71,7 @@ def test_a_run_trains_through_agent_jobs_and_reports_progress_in_its_status(
     assert status["rollouts"]["failed"] == 0
     assert status["jobs"]["created"] == 8
     assert status["observedGeneration"] == 1
-    jobs = _agent_jobs(api_client, namespace)
+    jobs = agent_jobs(api_client, namespace)
     assert len(jobs) == 8
     assert {job.spec.backoff_limit for job in jobs} == {0}
     assert {job.spec.active_deadline_seconds for job in jobs} == {1800}
@@ -152,7 +102,7 @@ def test_bad_manifests_are_rejected_by_the_api_server(
         "no-template": ({"agents": {"template": {}}}, ["configMapRef", "inline"]),
     }
     for name, (spec, words) in cases.items():
-        result = _apply(kubectl, namespace, run_manifest(name, **spec))
+        result = apply_run(kubectl, namespace, run_manifest(name, **spec))
         assert result.returncode != 0, name
         for word in words:
             assert word in result.stderr, (name, result.stderr)
@@ -165,19 +115,18 @@ def test_a_run_with_a_verl_key_the_run_owns_fails_with_the_reason_and_creates_no
     start_operator()
     manifest = run_manifest("owned-key")
     manifest["spec"]["trainer"]["verlOverrides"] = {"data.train_batch_size": 64}
-    assert _apply(kubectl, namespace, manifest).returncode == 0
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "owned-key")).get("phase") == "Failed" and s,
+        lambda: (s := run_status(api_client, namespace, "owned-key")).get("phase") == "Failed" and s,
         timeout=60,
         what="the run to fail",
     )
     assert "spec.trainer.verlOverrides" in status["message"]
     assert "'data.train_batch_size' is set by spec.trainBatchSize" in status["message"]
 
-    def invalid_spec_events() -> list[dict[str, Any]]:
-        return [item for item in _events(kubectl, namespace) if item.get("reason") == "InvalidSpec"]
-
-    (event,) = wait_for(invalid_spec_events, timeout=30, what="the InvalidSpec event")
+    (event,) = wait_for(
+        lambda: events(kubectl, namespace, reason="InvalidSpec"), timeout=30, what="the InvalidSpec event"
+    )
     assert event["type"] == "Warning"
     assert "data.train_batch_size" in event["note"]
     from kubernetes import client
@@ -196,12 +145,12 @@ def test_job_creation_is_rate_limited(
     start_operator()
     manifest = run_manifest("limited", totalSteps=1, rollout={"samplesPerPrompt": 3})
     manifest["spec"]["agents"]["maxJobsPerMinute"] = 4
-    assert _apply(kubectl, namespace, manifest).returncode == 0
-    wait_for(lambda: len(_agent_jobs(api_client, namespace)) >= 4, timeout=90, what="the first 4 Jobs")
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    wait_for(lambda: len(agent_jobs(api_client, namespace)) >= 4, timeout=90, what="the first 4 Jobs")
     # 6 rollouts are queued; with 4 per minute the 5th Job may not exist within the first minute.
-    first = min(job.metadata.creation_timestamp for job in _agent_jobs(api_client, namespace))
+    first = min(job.metadata.creation_timestamp for job in agent_jobs(api_client, namespace))
     time.sleep(10)
-    jobs = _agent_jobs(api_client, namespace)
+    jobs = agent_jobs(api_client, namespace)
     assert len(jobs) == 4
     created = sorted(job.metadata.creation_timestamp for job in jobs)
     assert (created[-1] - first).total_seconds() < 50
@@ -216,20 +165,22 @@ def test_an_operator_restart_mid_run_creates_no_duplicate_job_and_keeps_status(
 ) -> None:
     operator = start_operator()
     manifest = run_manifest("restart", totalSteps=3)
-    assert _apply(kubectl, namespace, manifest).returncode == 0
-    wait_for(lambda: _status(api_client, namespace, "restart").get("step") == 0, timeout=120, what="step 0")
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    wait_for(
+        lambda: run_status(api_client, namespace, "restart").get("step") == 0, timeout=120, what="step 0"
+    )
     operator.stop(grace_seconds=0.1)  # SIGTERM then SIGKILL: no graceful hand-over
-    before = _status(api_client, namespace, "restart")
+    before = run_status(api_client, namespace, "restart")
     time.sleep(2)
     start_operator()
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "restart")).get("phase") == "Succeeded" and s,
+        lambda: (s := run_status(api_client, namespace, "restart")).get("phase") == "Succeeded" and s,
         timeout=180,
         what="the run to finish under the new operator",
     )
     assert before["step"] == 0  # nothing was lost while the operator was down
     assert status["step"] == 2
-    jobs = _agent_jobs(api_client, namespace)
+    jobs = agent_jobs(api_client, namespace)
     rollout_ids = [job.metadata.annotations[names.ANNOTATION_ROLLOUT_ID] for job in jobs]
     assert len(rollout_ids) == len(set(rollout_ids)) == 12  # 3 steps x 2 groups x 2 rollouts, no duplicate
 
@@ -244,9 +195,11 @@ def test_deleting_a_run_leaves_no_job_or_pod(
     from kubernetes import client
 
     start_operator()
-    assert _apply(kubectl, namespace, run_manifest("doomed", totalSteps=50)).returncode == 0
+    assert apply_run(kubectl, namespace, run_manifest("doomed", totalSteps=50)).returncode == 0
     wait_for(
-        lambda: _status(api_client, namespace, "doomed").get("step") is not None, timeout=120, what="a step"
+        lambda: run_status(api_client, namespace, "doomed").get("step") is not None,
+        timeout=120,
+        what="a step",
     )
     deleted = subprocess.run(
         [*kubectl, "delete", "atr", "doomed", "-n", namespace, "--wait=true", "--timeout=60s"],
@@ -263,5 +216,5 @@ def test_deleting_a_run_leaves_no_job_or_pod(
         return not jobs and not pods
 
     wait_for(nothing_left, timeout=90, what="every Job and pod of the run to be gone")
-    reasons = {item.get("reason") for item in _events(kubectl, namespace)}
+    reasons = {item.get("reason") for item in events(kubectl, namespace)}
     assert "PhaseRunning" in reasons

@@ -22,8 +22,8 @@ from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import ServerProcess
 from asyncrl.testing.waiting import wait_for
+from tests.operator.cluster import agent_jobs, apply_run, events, run_object, run_status
 from tests.operator.conftest import OperatorStarter, run_manifest
-from tests.operator.test_operator_controlplane import _agent_jobs, _apply, _events, _run, _status
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -101,12 +101,12 @@ def test_an_operator_killed_three_times_with_ttl_0_executes_every_rollout_exactl
     manifest["spec"]["data"]["inline"] = [{"behaviour": "ok", "seconds": "4"}] * 2
     manifest["spec"]["agents"]["ttlSecondsAfterFinished"] = 0
     operator = start_operator()
-    assert _apply(kubectl, namespace, manifest).returncode == 0
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
 
     def step_jobs(step: int) -> list[Any]:
         return [
             job
-            for job in _agent_jobs(api_client, namespace)
+            for job in agent_jobs(api_client, namespace)
             if job.metadata.annotations[names.ANNOTATION_ROLLOUT_ID].startswith(f"s{step}-")
         ]
 
@@ -131,7 +131,7 @@ def test_an_operator_killed_three_times_with_ttl_0_executes_every_rollout_exactl
         operator = start_operator()
 
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "killed")).get("phase") == "Succeeded" and s,
+        lambda: (s := run_status(api_client, namespace, "killed")).get("phase") == "Succeeded" and s,
         timeout=180,
         what="the run to finish",
     )
@@ -169,16 +169,16 @@ def test_failing_timed_out_and_deleted_agent_jobs_end_their_rollouts_and_the_gro
     ]
     manifest["spec"]["agents"]["ttlSecondsAfterFinished"] = 0
     start_operator()
-    assert _apply(kubectl, namespace, manifest).returncode == 0
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
     doomed = {"s0-g3-r0", "s0-g3-r1"}
     wait_for(lambda: doomed <= set(_executions(executions)), timeout=120, what="g3's agents to start")
     batch = client.BatchV1Api(api_client)
-    for job in _agent_jobs(api_client, namespace):
+    for job in agent_jobs(api_client, namespace):
         if job.metadata.annotations[names.ANNOTATION_ROLLOUT_ID] in doomed:
             batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
 
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "faults")).get("phase") == "Succeeded" and s,
+        lambda: (s := run_status(api_client, namespace, "faults")).get("phase") == "Succeeded" and s,
         timeout=180,
         what="the stand-in trainer to see every group complete",
     )
@@ -197,9 +197,9 @@ def test_failing_timed_out_and_deleted_agent_jobs_end_their_rollouts_and_the_gro
     assert "deleted before it finished" in outcomes["s0-g3-r0"][1]
     assert set(_executions(executions).values()) == {1}
     # TTL 0 removed every finished Job; the counts of the status keep them.
-    wait_for(lambda: not _agent_jobs(api_client, namespace), timeout=60, what="TTL to remove the Jobs")
+    wait_for(lambda: not agent_jobs(api_client, namespace), timeout=60, what="TTL to remove the Jobs")
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "faults"))["jobs"]["active"] == 0 and s,
+        lambda: (s := run_status(api_client, namespace, "faults"))["jobs"]["active"] == 0 and s,
         timeout=30,
         what="no active Job in the status",
     )
@@ -220,9 +220,9 @@ def test_a_run_deleted_while_the_operator_is_down_disappears_and_its_jobs_are_co
     operator = start_operator()
     manifest = run_manifest("orphan", template=_agent_template(tmp_path / "x.log"), totalSteps=50)
     manifest["spec"]["data"]["inline"] = [{"behaviour": "hang", "seconds": "0"}] * 2
-    assert _apply(kubectl, namespace, manifest).returncode == 0
-    wait_for(lambda: len(_agent_jobs(api_client, namespace)) == 4, timeout=120, what="the agent Jobs")
-    assert not _run(api_client, namespace, "orphan")["metadata"].get("finalizers")
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    wait_for(lambda: len(agent_jobs(api_client, namespace)) == 4, timeout=120, what="the agent Jobs")
+    assert not run_object(api_client, namespace, "orphan")["metadata"].get("finalizers")
     _kill(operator)
     deleted = subprocess.run(
         [*kubectl, "delete", "atr", "orphan", "-n", namespace, "--wait=true", "--timeout=30s"],
@@ -239,4 +239,4 @@ def test_a_run_deleted_while_the_operator_is_down_disappears_and_its_jobs_are_co
         timeout=90,
         what="the garbage collector to remove every Job and pod of the run",
     )
-    assert "ReconcileError" not in {item.get("reason") for item in _events(kubectl, namespace)}
+    assert "ReconcileError" not in {item.get("reason") for item in events(kubectl, namespace)}

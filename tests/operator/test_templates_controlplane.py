@@ -8,8 +8,6 @@ gateway sidecar. Stand-ins: the pod runner for a kubelet, `stub_trainer.py` for 
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
 from typing import Any
 
 import pytest
@@ -17,11 +15,11 @@ import pytest
 from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
+from tests.operator.cluster import agent_jobs, apply_run, condition, events, run_status
 from tests.operator.conftest import AGENT_TEMPLATE, OperatorStarter, run_manifest
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
-GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
 BROKEN = {
     # a container written as a string (the structure), a Pod instead of a Job, a pod on the node's network
     "typo": (
@@ -47,48 +45,9 @@ SLOW_FOR_ONE_ROW = (
 )
 
 
-def _apply(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> None:
-    done = subprocess.run(
-        [*kubectl, "apply", "-n", namespace, "-f", "-"],
-        input=json.dumps(manifest),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-
-
-def _status(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
-    from kubernetes import client
-
-    run: Any = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
-    )
-    return dict(run.get("status") or {})
-
-
-def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
-
-
-def _agent_jobs(api_client: Any, namespace: str, run: str) -> list[Any]:
-    from kubernetes import client
-
-    selector = f"{names.AGENT_JOB_SELECTOR},{names.LABEL_RUN}={run}"
-    return list(client.BatchV1Api(api_client).list_namespaced_job(namespace, label_selector=selector).items)
-
-
 def _template_events(kubectl: list[str], namespace: str, run: str) -> list[dict[str, Any]]:
-    listing = subprocess.run(
-        [*kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
     return [
-        event
-        for event in json.loads(listing.stdout)["items"]
-        if event.get("reason") == "AgentTemplateError" and event["regarding"]["name"] == run
+        e for e in events(kubectl, namespace, reason="AgentTemplateError") if e["regarding"]["name"] == run
     ]
 
 
@@ -102,18 +61,18 @@ def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_jo
     start_operator()
     manifests = {name: run_manifest(name, template=template) for name, (template, _) in BROKEN.items()}
     for manifest in manifests.values():
-        _apply(kubectl, namespace, manifest)
+        assert apply_run(kubectl, namespace, manifest).returncode == 0
 
     def failed(name: str) -> dict[str, Any] | None:
-        status = _status(api_client, namespace, name)
+        status = run_status(api_client, namespace, name)
         return status if status.get("phase") == "Failed" else None
 
     for name, (_, reason) in BROKEN.items():
         status = wait_for(functools.partial(failed, name), timeout=120, what=f"run {name} to fail")
         assert reason in status["message"], name
-        condition = _condition(status, "AgentTemplateValid")
-        assert (condition["status"], condition["reason"]) == ("False", "TemplateError"), name
-        assert reason in condition["message"], name
+        valid = condition(status, "AgentTemplateValid") or {}
+        assert (valid.get("status"), valid.get("reason")) == ("False", "TemplateError"), name
+        assert reason in valid["message"], name
         (event,) = wait_for(
             functools.partial(_template_events, kubectl, namespace, name), timeout=30, what="the event"
         )
@@ -134,7 +93,7 @@ def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_jo
 
     for name in BROKEN:
         wait_for(functools.partial(trainer_stopped, name), timeout=120, what=f"run {name}'s trainer to stop")
-        assert _agent_jobs(api_client, namespace, name) == [], name
+        assert agent_jobs(api_client, namespace, name) == [], name
 
 
 def test_a_template_that_renders_slowly_for_some_rows_does_not_stall_a_healthy_run(
@@ -145,23 +104,28 @@ def test_a_template_that_renders_slowly_for_some_rows_does_not_stall_a_healthy_r
     start_operator: OperatorStarter,
 ) -> None:
     operator = start_operator()
-    _apply(kubectl, namespace, run_manifest("slow", template=SLOW_FOR_ONE_ROW, totalSteps=4))
+    assert (
+        apply_run(
+            kubectl, namespace, run_manifest("slow", template=SLOW_FOR_ONE_ROW, totalSteps=4)
+        ).returncode
+        == 0
+    )
     wait_for(
         lambda: _template_events(kubectl, namespace, "slow"),
         timeout=120,
         what="the first slow render to fail",
     )
-    _apply(kubectl, namespace, run_manifest("healthy"))
+    assert apply_run(kubectl, namespace, run_manifest("healthy")).returncode == 0
 
     status = wait_for(
-        lambda: (s := _status(api_client, namespace, "healthy")).get("phase") == "Succeeded" and s,
+        lambda: (s := run_status(api_client, namespace, "healthy")).get("phase") == "Succeeded" and s,
         timeout=240,
         what="the healthy run to finish while the slow run's renders time out",
     )
     assert status["rollouts"]["succeeded"] == 8
-    assert len(_agent_jobs(api_client, namespace, "healthy")) == 8
+    assert len(agent_jobs(api_client, namespace, "healthy")) == 8
     (event, *_) = _template_events(kubectl, namespace, "slow")
     assert "longer than 5 s to render (the render time limit" in event["note"]
     # The first row's rollouts of the slow run got their Jobs: only the slow row's renders failed.
-    assert len(_agent_jobs(api_client, namespace, "slow")) >= 2
+    assert len(agent_jobs(api_client, namespace, "slow")) >= 2
     assert operator.process.poll() is None
