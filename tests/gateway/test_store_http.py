@@ -8,6 +8,7 @@ import time
 
 import httpx
 
+from asyncrl.testing.waiting import wait_for
 from tests.gateway.conftest import RunningGateway, create_rollouts
 
 
@@ -38,18 +39,21 @@ def test_claim_long_polls_until_a_rollout_is_queued_and_leases_it(gateway: Runni
 
         def claimer() -> None:
             with gateway.management() as own:
-                started = time.monotonic()
+                result["sent_at"] = time.monotonic()
                 response = own.post("/api/rollouts/claim", json={"wait_seconds": 10, "lease_seconds": 60})
+                result["returned_at"] = time.monotonic()
                 result["ids"] = [r["rollout_id"] for r in response.json()["rollouts"]]
-                result["waited"] = time.monotonic() - started
 
         thread = threading.Thread(target=claimer)
         thread.start()
-        time.sleep(0.5)
+        wait_for(lambda: "sent_at" in result, timeout=30, what="the claim to be sent")
+        time.sleep(0.5)  # not a correctness wait: gives the claim time to be waiting at the gateway
+        created_at = time.monotonic()
         create_rollouts(admin, "r1")
-        thread.join(timeout=15)
+        thread.join(timeout=30)
+        # The claim was sent before the rollout existed and came back with it (a timeout would bring none).
         assert result["ids"] == ["r1"]
-        assert 0.4 < result["waited"] < 3  # type: ignore[operator]
+        assert result["sent_at"] < created_at <= result["returned_at"]  # type: ignore[operator]
 
         # Leased: a second claim does not get it again while the lease holds.
         again = admin.post("/api/rollouts/claim", json={"wait_seconds": 0}).json()["rollouts"]
