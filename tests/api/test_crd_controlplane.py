@@ -87,6 +87,10 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
         "image": "ghcr.io/asyncrl/gateway:0.1.0",
         "port": 8090,
         "retryAfterSeconds": 5,
+        "pauseMode": "Hold",
+        "drainPolicy": "Abort",
+        "holdTimeoutSeconds": 900,
+        "maxHeldCalls": 10000,
     }
     assert stored["logging"] == {"wandb": {"mode": "offline"}}
     assert stored["async"]["stalenessPolicy"] == "cancel"

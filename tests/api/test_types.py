@@ -130,7 +130,15 @@ def test_documented_defaults() -> None:
             "fillReward": 0.0,
             "level": "trajectory",
         },
-        "gateway": {"image": "ghcr.io/asyncrl/gateway:0.1.0", "port": 8090, "retryAfterSeconds": 5},
+        "gateway": {
+            "image": "ghcr.io/asyncrl/gateway:0.1.0",
+            "port": 8090,
+            "pauseMode": "Hold",
+            "drainPolicy": "Abort",
+            "holdTimeoutSeconds": 900,
+            "maxHeldCalls": 10000,
+            "retryAfterSeconds": 5,
+        },
         "agents": {
             "template": {"inline": "kind: Job"},
             "maxJobsPerMinute": 100,

@@ -10,6 +10,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def test_resume_releases_held_calls_in_arrival_order(gateway: RunningGateway, up
     with gateway.management() as admin:
         create_rollouts(admin, *rollouts)
 
-    async def scenario() -> tuple[list[int], list[float], float]:
+    async def scenario() -> tuple[list[float], list[float], float]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
             await client.post("/proxy/pause", json={"reason": "u"}, headers=admin_headers(gateway))
             calls = []
@@ -204,7 +205,7 @@ def test_resume_releases_held_calls_in_arrival_order(gateway: RunningGateway, up
                         client.post(gateway.proxy_path(rid), json=CHAT, headers=agent_headers(gateway, rid))
                     )
                 )
-                await until(lambda n=index + 1: _held_is(client, gateway, n), f"{index + 1} held calls")
+                await until(partial(_held_is, client, gateway, index + 1), f"{index + 1} held calls")
             resumed_at = time.monotonic()
             await client.post("/proxy/resume", headers=admin_headers(gateway))
             answered_at: list[float] = []
@@ -298,9 +299,12 @@ def test_abort_cancels_the_upstream_call_and_only_the_reissued_call_is_captured(
     with gateway.management() as admin:
         calls = admin.get("/api/rollouts/r1/events").json()["model_calls"]
     assert answer.status_code == 200  # the agent saw one slow answer
-    assert paused["aborted"] == 1 and paused["drained"] is True and paused["inflight_at_pause"] == 1
+    assert paused["aborted"] == 1
+    assert paused["drained"] is True
+    assert paused["inflight_at_pause"] == 1
     assert drained_after < 1.5  # the update did not wait for the 2 s generation
-    assert during["held"] == 1 and during["inflight"] == 0  # parked for the re-issue
+    assert during["held"] == 1  # parked for the re-issue
+    assert during["inflight"] == 0
     assert after["disconnects"] == before["disconnects"] + 1
     assert after["calls"] == before["calls"] + 2  # the aborted call and its re-issue
     assert [call["model_version"] for call in calls] == [7]  # only the re-issued call, new weights

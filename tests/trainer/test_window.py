@@ -326,6 +326,7 @@ def test_step_summary_reports_the_six_seed_metrics() -> None:
         "training/async/new_carry_over_age_max_steps": 2.0,
         "training/async/proxy_inflight_at_pause": 5.0,
         "training/async/proxy_drain_seconds": 1.5,
+        "training/async/proxy_aborted_calls": 0.0,
         "training/async/n_stale_groups_cancelled": 0.0,
         "training/async/n_stale_groups_kept": 0.0,
         "training/async/n_failed_rollouts_consumed": 0.0,

@@ -246,7 +246,7 @@ async def run_locally(args: argparse.Namespace) -> int:
             "gateway",
             f"--port={gateway_port}",
             f"--model={run.spec.model.name}",
-            f"--retry-after-seconds={run.spec.gateway.retry_after_seconds}",
+            *run.spec.gateway.pause_flags(),
             "--log-level=warning",
         ],
         env,

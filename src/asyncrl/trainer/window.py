@@ -145,11 +145,17 @@ class StepSummary:
     n_failed_rollouts_consumed: int  # failed, timed-out or cancelled rollouts in consumed groups
     proxy_inflight_at_pause: int = 0
     proxy_drain_seconds: float = 0.0
+    proxy_aborted_calls: int = 0  # calls in flight at the pause cancelled upstream (drain policy Abort)
 
-    def with_drain(self, *, inflight_at_pause: int, drain_seconds: float) -> StepSummary:
+    def with_drain(
+        self, *, inflight_at_pause: int, drain_seconds: float, aborted_calls: int = 0
+    ) -> StepSummary:
         """This summary with the gateway's pause-and-drain measurements filled in."""
         return dataclasses.replace(
-            self, proxy_inflight_at_pause=inflight_at_pause, proxy_drain_seconds=drain_seconds
+            self,
+            proxy_inflight_at_pause=inflight_at_pause,
+            proxy_drain_seconds=drain_seconds,
+            proxy_aborted_calls=aborted_calls,
         )
 
     def metrics(self) -> dict[str, float]:
@@ -161,6 +167,7 @@ class StepSummary:
             "new_carry_over_age_max_steps": self.new_carry_over_age_max_steps,
             "proxy_inflight_at_pause": self.proxy_inflight_at_pause,
             "proxy_drain_seconds": self.proxy_drain_seconds,
+            "proxy_aborted_calls": self.proxy_aborted_calls,
             "n_stale_groups_cancelled": self.n_stale_groups_cancelled,
             "n_stale_groups_kept": self.n_stale_groups_kept,
             "n_failed_rollouts_consumed": self.n_failed_rollouts_consumed,
