@@ -361,6 +361,8 @@ class StepLoop:
             if self._data_exhausted() and not self._can_still_complete():
                 return None
             await self._consume_completions()
+            if window.config.refills and not window.ready_for_update():
+                await self._draw(step)  # keep windowSize groups unfinished while collecting
         wait_started = time.monotonic()
         drain = await self.gateway.pause(
             reason=f"weight update, step {step}",
