@@ -385,3 +385,33 @@ async def _upstream_saw_disconnect(
 ) -> bool:
     stats = (await client.get(f"{upstream_url}/stats")).json()
     return bool(stats["disconnects"] > before["disconnects"])
+
+
+def test_a_held_call_whose_rollout_was_cancelled_meanwhile_gets_409_and_is_never_forwarded(
+    gateway: RunningGateway, upstream_url: str
+) -> None:
+    with gateway.management() as admin:
+        create_rollouts(admin, "r1")
+
+    async def scenario() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+            await client.post("/proxy/pause", json={"reason": "u"}, headers=admin_headers(gateway))
+            call = asyncio.create_task(
+                client.post(gateway.proxy_path("r1"), json=CHAT, headers=agent_headers(gateway, "r1"))
+            )
+            await until(lambda: _held_is(client, gateway, 1), "the call held")
+            cancelled = await client.post(
+                "/api/rollouts/r1/transition",
+                json={"state": "cancelled", "message": "stale"},
+                headers=admin_headers(gateway),
+            )
+            assert cancelled.status_code == 200, cancelled.text
+            before = (await client.get(f"{upstream_url}/stats")).json()["calls"]
+            await client.post("/proxy/resume", headers=admin_headers(gateway))
+            answer = await call
+            assert (await client.get(f"{upstream_url}/stats")).json()["calls"] == before
+            return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.status_code == 409
+    assert answer.json()["error"] == "rollout already finished"

@@ -165,23 +165,7 @@ class ProxyHandler:
             raise Refused(405, "method not allowed", headers={"allow": "POST"})
         headers = _headers(scope)
         authorize(self.key, headers.get("authorization"), RouteAccess(rollout_id=rollout_id))
-        rollout = self.store.find(rollout_id)
-        if rollout is None:
-            raise Refused(404, "unknown rollout", rollout_id=rollout_id)
-        if rollout.state.is_terminal:
-            raise Refused(
-                409,
-                "rollout already finished",
-                rejection_reason="rollout_finished",
-                rollout_id=rollout_id,
-                state=rollout.state.value,
-            )
-        try:
-            check_attempt(rollout, attempt_id)
-        except UnknownAttempt as error:
-            raise Refused(
-                404, str(error), rejection_reason="unknown_attempt", rollout_id=rollout_id
-            ) from error
+        self._check_rollout(rollout_id, attempt_id)
 
         raw = await read_body(
             receive, limit=self.config.max_body_bytes, declared_length=headers.get("content-length")
@@ -202,7 +186,10 @@ class ProxyHandler:
         while True:
             if self.pause.paused or not self.upstreams.urls:
                 await self._wait_until_open(receive)  # Reject mode raises at once
-                continue  # released: check again (a new pause may have begun before this call ran)
+                # Released. The rollout may have ended meanwhile (cancelled as stale, timed out): do not
+                # generate for it. Then check the pause again (a new one may have begun before this ran).
+                self._check_rollout(rollout_id, attempt_id)
+                continue
             # No await between this check and enter(): a call either sees the pause or is counted in flight.
             self.pause.enter()
             self.metrics.inflight.inc()
@@ -237,6 +224,26 @@ class ProxyHandler:
                 raise self._refusal()
         await _send_bytes(send, status, response, content_type)
         return status
+
+    def _check_rollout(self, rollout_id: str, attempt_id: str) -> None:
+        """The rollout exists, has not ended, and `attempt_id` is its attempt; else the refusal."""
+        rollout = self.store.find(rollout_id)
+        if rollout is None:
+            raise Refused(404, "unknown rollout", rollout_id=rollout_id)
+        if rollout.state.is_terminal:
+            raise Refused(
+                409,
+                "rollout already finished",
+                rejection_reason="rollout_finished",
+                rollout_id=rollout_id,
+                state=rollout.state.value,
+            )
+        try:
+            check_attempt(rollout, attempt_id)
+        except UnknownAttempt as error:
+            raise Refused(
+                404, str(error), rejection_reason="unknown_attempt", rollout_id=rollout_id
+            ) from error
 
     def release_held(self) -> int:
         """Forward the held calls, in arrival order, if the gateway is open (resumed, an upstream known)."""
