@@ -53,6 +53,7 @@ class GatewayConfig(BaseModel):
     retry_after_seconds: float = Field(
         default=5,
         ge=MIN_RETRY_AFTER_SECONDS,
+        le=3600,
         description="Retry-After (fractions allowed; also sent as retry-after-ms) with 429 while paused and "
         "503 while no upstream, in Reject mode and when a held call is refused.",
     )
@@ -64,6 +65,7 @@ class GatewayConfig(BaseModel):
     hold_timeout_seconds: float = Field(
         default=DEFAULT_HOLD_TIMEOUT_SECONDS,
         gt=0,
+        allow_inf_nan=False,
         description="Hold mode: a call held this long gets the 429 (or 503) it would have had.",
     )
     max_held_calls: int = Field(

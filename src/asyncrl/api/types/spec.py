@@ -349,6 +349,7 @@ class GatewaySpec(ApiModel):
         strict=True,
         default=5,
         ge=0.001,
+        le=3600,
         description=(
             "Retry-After (fractions allowed; also sent as retry-after-ms) with HTTP 429 to model calls "
             "refused during a weight update: every such call in Reject mode, a held call past its bounds in "
