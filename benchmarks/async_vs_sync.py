@@ -268,11 +268,14 @@ class Simulation:
         await self.api.transition(rollout_id, RolloutState.SUCCEEDED.value)
 
     def _note_release(self, sent: float, answered: float, generation: float) -> None:
-        """A call sent during a pause and answered after its resume was held: how late after the resume."""
-        for paused, resumed in self.pauses:
-            if paused <= sent <= resumed < answered:
-                self.result.release_seconds.append(max(0.0, answered - resumed - generation))
-                return
+        """A call across a resume was held (or aborted and re-sent): how late after that resume it ended.
+
+        Measured from the last resume before its answer (a released call may be aborted again by the next
+        pause and released once more), less its own generation time.
+        """
+        resumes = [resumed for _paused, resumed in self.pauses if sent <= resumed < answered]
+        if resumes:
+            self.result.release_seconds.append(max(0.0, answered - resumes[-1] - generation))
 
     async def start(self, rollout_id: str) -> None:
         """The operator claimed one of this run's rollouts: mark it running and start its agent."""

@@ -94,6 +94,7 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
     }
     assert stored["logging"] == {"wandb": {"mode": "offline"}}
     assert stored["async"]["stalenessPolicy"] == "cancel"
+    assert stored["async"]["refillDuringCollection"] is True
     # Every default the server filled is the one pydantic fills, and nothing else differs.
     assert stored == load_run(load_example("run-minimal.yaml")).spec.to_wire()
 

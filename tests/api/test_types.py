@@ -59,7 +59,11 @@ def test_minimal_example_loads_and_configures_the_window() -> None:
     assert run.name == "minimal"
     assert run.spec.trainer.backend is TrainerBackend.REFERENCE
     assert run.spec.window_config() == WindowConfig(
-        train_batch_size=2, rollout_n=2, async_enabled=True, async_train_batch_size=4
+        train_batch_size=2,
+        rollout_n=2,
+        async_enabled=True,
+        async_train_batch_size=4,
+        refill_during_collection=True,
     )
 
 
@@ -120,7 +124,7 @@ def test_documented_defaults() -> None:
         "rollout": {"n": 4},
         "rolloutTimeoutSeconds": 1800,
         "maxFailedSteps": 3,
-        "async": {"enabled": False, "stalenessPolicy": "cancel"},
+        "async": {"enabled": False, "refillDuringCollection": True, "stalenessPolicy": "cancel"},
         "rolloutCorrection": {"mode": "token", "threshold": 2.0},
         "trainer": {
             "backend": "verl",

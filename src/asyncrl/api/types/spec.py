@@ -184,6 +184,15 @@ class AsyncSpec(ApiModel):
             "Unset: groups are carried over however old."
         ),
     )
+    refill_during_collection: bool = Field(
+        strict=True,
+        default=True,
+        description=(
+            "Draw a new prompt group each time one finishes, so asyncTrainBatchSize groups keep generating "
+            "while a step collects (finished ones wait for the update beside them); off, the window is "
+            "refilled only when a step begins. On costs some staleness (groups are consumed older)."
+        ),
+    )
     staleness_policy: StalenessPolicy = Field(
         default=StalenessPolicy.CANCEL,
         description=(
@@ -504,6 +513,7 @@ class AsyncTrainingRunSpec(ApiModel):
                 async_train_batch_size=self.async_.async_train_batch_size,
                 max_carry_over_age_steps=self.async_.max_carry_over_age_steps,
                 staleness_policy=self.async_.staleness_policy,
+                refill_during_collection=self.async_.refill_during_collection,
             )
         except ValidationError as error:
             messages = "; ".join(
