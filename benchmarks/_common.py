@@ -116,6 +116,10 @@ def running_servers(*gateway_args: str, pythonpath: str | None = None) -> Iterat
             gateway, gateway_url = start_gateway(upstream_url, log_dir, *gateway_args, pythonpath=pythonpath)
             try:
                 yield Servers(upstream_url, gateway_url, upstream, gateway, log_dir)
+            except BaseException:
+                for name, server in (("gateway", gateway), ("upstream", upstream)):  # their logs say why
+                    print(f"{name} (exit code {server.process.poll()}) log:\n{server.log()[-4000:]}")
+                raise
             finally:
                 gateway.stop()
         finally:

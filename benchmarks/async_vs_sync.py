@@ -13,10 +13,16 @@ What it measures
       - simulated agents: a rollout of total duration D makes C model calls through the gateway proxy with its
         agent token; each of the C segments is think time (1 - g) * D / C (asyncio.sleep, like a tool call)
         followed by a model call whose upstream takes g * D / C (`fake_delay_seconds`, the "generation").
-        Then it posts a reward event. While the gateway is paused a model call gets 429: the agent retries
-        after --agent-retry-seconds (default 0.1 s) instead of the Retry-After header, because the header is
-        whole seconds (at least 1) and would idle agents for longer than the 0.5 s update itself; so a pause
-        really holds generation back, and think time goes on (as tools would).
+        Then it posts a reward event. What a model call meets during a pause depends on the gateway's
+        --pause-modes (hold: it waits in the gateway; reject: 429 + Retry-After) and on the agent kind
+        (--agent-kinds): `fixed` retries a 429 after --agent-retry-seconds (the seed benchmark's agent),
+        `sdk` behaves like the OpenAI SDK at its defaults (2 retries honouring retry-after-ms, then the call
+        fails and so does its rollout), `forever` honours Retry-After and never gives up. Think time goes on
+        during a pause (as tools would).
+    The trainer pauses with the drain policy in --drain-policies (abort: calls in flight are cancelled
+    upstream and held for re-issue (hold) or answered 429 (reject); wait: the update waits for them), and the
+    async window is refilled at step start, or also during collection (--refill on: windowSize groups stay
+    unfinished while a step collects).
     Rollout durations D are log-normal with mean --mean-rollout-seconds and sigma in --sigmas, drawn from one
     seed: group k gets the same n durations in every mode, so all modes see the same load.
     Modes: sync (window = trainBatchSize, update when every group of the step is done) and async with
@@ -35,14 +41,18 @@ How to read it
                  finish in B x G / W seconds (Little's law), G being the mean group duration (the max of the
                  group's n sampled durations, averaged over the groups this run drew).
                  ideal = B / (u + B x G / W).
-                 It ignores that the window only refills at step start, that generation stops during the
-                 update, and the HTTP round trips per rollout, so real runs stay below it.
-    Targets: async >= 1.8 x sync at sigma 1.0, and async within 15% of its ideal bound.
+                 It ignores that generation stops during the update, the window's refill policy, and the
+                 HTTP round trips per rollout, so real runs stay below it.
+    Targets: async >= 1.8 x sync at sigma 1.0, and async within 15% of its ideal bound (seed); issue 12:
+    async 2x within 5% of ideal (>= 95%) in hold + abort for every agent kind, zero failed calls for sdk
+    agents, held calls answered within 50 ms (p99) of the resume.
 
 Run
     .venv/bin/python benchmarks/async_vs_sync.py [--steps 8] [--sigmas 0.5,1.0,1.5] [--multipliers 2,3]
         [--train-batch-size 4] [--rollout-n 4] [--mean-rollout-seconds 0.3] [--update-seconds 0.5]
-        [--agent-retry-seconds 0.1] [--gateway-pythonpath DIR --pause-query abort=true]
+        [--agent-retry-seconds 0.1] [--pause-modes reject] [--drain-policies wait] [--agent-kinds fixed]
+        [--refill off] [--retry-after-seconds 1] [--gateway-pythonpath DIR --pause-query abort=true]
+    The defaults reproduce the seed's rows (reject, wait, fixed agents, step-start refill).
     --gateway-pythonpath runs the gateway from a patched copy of asyncrl (DIR/asyncrl); --pause-query adds
     query parameters to the pause call for options such a copy may have (the current gateway ignores them).
 """
@@ -65,6 +75,7 @@ from _common import (
     TINY_CHAT,
     agent_headers,
     management_headers,
+    percentile,
     proxy_path,
     run_client,
     running_servers,
@@ -77,6 +88,9 @@ from asyncrl.trainer.window import RolloutWindow, WindowConfig
 
 TARGET_SPEEDUP = 1.8
 TARGET_IDEAL_SHARE = 0.85
+TARGET_HOLD_ABORT_IDEAL_SHARE = 0.95  # issue 12: async 2x in hold + abort, every agent kind
+TARGET_RELEASE_P99_SECONDS = 0.050
+SDK_MAX_RETRIES = 2  # the OpenAI Python SDK's default max_retries
 
 
 class Api:
@@ -113,12 +127,15 @@ class Api:
             if response.status not in (200, 404, 409):  # 404/409: cleaned up or already terminal at run end
                 raise RuntimeError(f"transition {rollout_id} -> {state}: {response.status}")
 
-    async def chat(self, rollout_id: str, generation_seconds: float) -> int:
+    async def chat(self, rollout_id: str, generation_seconds: float) -> tuple[int, float]:
+        """(status, seconds the answer asks to wait before a retry: retry-after-ms first, as the SDK does)."""
         body = {**TINY_CHAT, "fake_delay_seconds": generation_seconds}
         url = self.url + proxy_path(rollout_id)
         async with self.session.post(url, json=body, headers=agent_headers(rollout_id)) as response:
             await response.read()
-            return response.status
+            if "retry-after-ms" in response.headers:
+                return response.status, float(response.headers["retry-after-ms"]) / 1000
+            return response.status, float(response.headers.get("retry-after", 0))
 
     async def reward(self, rollout_id: str, value: float) -> None:
         body = {"event_type": "reward", "data": {"value": value}}
@@ -132,8 +149,8 @@ class Api:
     async def cursor(self) -> int:
         return int((await self._json("GET", "/api/rollouts"))["cursor"])
 
-    async def pause_and_drain(self) -> dict[str, Any]:
-        body = {"reason": "weight update", "retry_after_seconds": 1}
+    async def pause_and_drain(self, *, abort: bool = False, retry_after_seconds: float = 1) -> dict[str, Any]:
+        body = {"reason": "weight update", "retry_after_seconds": retry_after_seconds, "abort": abort}
         path = "/proxy/pause?wait=30" + (f"&{self.pause_query}" if self.pause_query else "")
         drained: dict[str, Any] = await self._json("POST", path, json=body)
         return drained
@@ -155,6 +172,9 @@ class Load:
     calls_per_rollout: int
     generation_share: float
     agent_retry_seconds: float
+    agent_kind: str  # fixed | sdk | forever
+    abort: bool  # drain policy abort (else wait)
+    retry_after_seconds: float
     steps: int
     warmup_steps: int
     group_durations: tuple[tuple[float, ...], ...]  # group k's n sibling durations, the same in every mode
@@ -164,6 +184,9 @@ class Load:
 class RunResult:
     mode: str
     window: int
+    pause_mode: str = ""
+    drain_policy: str = ""
+    agent_kind: str = ""
     groups_per_second: float = 0.0
     step_seconds: list[float] = field(default_factory=list)
     collect_seconds: list[float] = field(default_factory=list)
@@ -171,6 +194,9 @@ class RunResult:
     inflight_at_pause: list[int] = field(default_factory=list)
     drain_seconds: list[float] = field(default_factory=list)
     rejected_429: int = 0
+    failed_calls: int = 0
+    aborted: list[int] = field(default_factory=list)
+    release_seconds: list[float] = field(default_factory=list)
     drawn_group_durations: list[float] = field(default_factory=list)
     ideal_groups_per_second: float = 0.0
 
@@ -192,10 +218,16 @@ class Simulation:
         self.window = RolloutWindow(window_config)
         self.run_id = run_id
         self.durations: dict[str, float] = {}
-        self.result = RunResult(mode=mode, window=window_config.window_size)
+        self.result = RunResult(
+            mode=mode,
+            window=window_config.window_size,
+            drain_policy="abort" if load.abort else "wait",
+            agent_kind=load.agent_kind,
+        )
         self.changed = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
         self.failures: list[BaseException | None] = []
+        self.pauses: list[tuple[float, float]] = []  # (pause sent, resume answered), perf_counter
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coroutine)
@@ -214,13 +246,36 @@ class Simulation:
         think, generation = segment * (1 - load.generation_share), segment * load.generation_share
         for _call in range(load.calls_per_rollout):
             await asyncio.sleep(think)
-            while (status := await self.api.chat(rollout_id, generation)) == 429:
+            retries = 0
+            while True:
+                sent = time.perf_counter()
+                status, retry_after = await self.api.chat(rollout_id, generation)
+                if status != 429:
+                    break
                 self.result.rejected_429 += 1
-                await asyncio.sleep(load.agent_retry_seconds)
+                if load.agent_kind == "sdk" and retries == SDK_MAX_RETRIES:
+                    break  # openai.RateLimitError: the agent's rollout fails
+                retries += 1
+                await asyncio.sleep(load.agent_retry_seconds if load.agent_kind == "fixed" else retry_after)
+            if status == 429:
+                self.result.failed_calls += 1
+                await self.api.transition(rollout_id, RolloutState.FAILED.value)
+                return
             if status != 200:
                 raise RuntimeError(f"model call of {rollout_id} answered {status}")
+            self._note_release(sent, time.perf_counter(), generation)
         await self.api.reward(rollout_id, 1.0)
         await self.api.transition(rollout_id, RolloutState.SUCCEEDED.value)
+
+    def _note_release(self, sent: float, answered: float, generation: float) -> None:
+        """A call across a resume was held (or aborted and re-sent): how late after that resume it ended.
+
+        Measured from the last resume before its answer (a released call may be aborted again by the next
+        pause and released once more), less its own generation time.
+        """
+        resumes = [resumed for _paused, resumed in self.pauses if sent <= resumed < answered]
+        if resumes:
+            self.result.release_seconds.append(max(0.0, answered - resumes[-1] - generation))
 
     async def start(self, rollout_id: str) -> None:
         """The operator claimed one of this run's rollouts: mark it running and start its agent."""
@@ -240,22 +295,10 @@ class Simulation:
                 measured_from = time.perf_counter()
             step_started = time.perf_counter()
             window.begin_step(step=step)
-            new_rollouts = []
-            for _ in range(window.groups_to_draw()):
-                group_id = f"{self.run_id}-g{next_group}"
-                rollout_ids = [f"{group_id}-r{sibling}" for sibling in range(load.rollout_n)]
-                sibling_durations = load.group_durations[next_group]
-                self.durations.update(zip(rollout_ids, sibling_durations, strict=True))
-                result.drawn_group_durations.append(max(sibling_durations))
-                window.add_group(group_id=group_id, rollout_ids=rollout_ids, step=step)
-                new_rollouts += [
-                    {"rollout_id": rid, "group_id": group_id, "step": step, "input": {"k": next_group}}
-                    for rid in rollout_ids
-                ]
-                next_group += 1
-            if new_rollouts:
-                await self.api.create(new_rollouts)
+            next_group = await self.draw(step, next_group)
             while not window.ready_for_update():
+                if window.config.refills:
+                    next_group = await self.draw(step, next_group)
                 self.changed.clear()
                 try:
                     await asyncio.wait_for(self.changed.wait(), timeout=60)
@@ -265,9 +308,13 @@ class Simulation:
                     raise RuntimeError(f"{self.run_id}: an agent failed: {self.failures[0]!r}")
             collected = time.perf_counter()
             batch = window.take_update_batch(step=step)
-            drained = await self.api.pause_and_drain()
+            paused = time.perf_counter()
+            drained = await self.api.pause_and_drain(
+                abort=load.abort, retry_after_seconds=load.retry_after_seconds
+            )
             await asyncio.sleep(load.update_seconds)  # the simulated weight update on the shared GPUs
             await self.api.resume(model_version=step + 1)
+            self.pauses.append((paused, time.perf_counter()))
             await self.api.delete([rid for group in batch.consumed for rid in group.rollout_ids])
             if step >= load.warmup_steps:
                 result.step_seconds.append(time.perf_counter() - step_started)
@@ -275,10 +322,31 @@ class Simulation:
                 result.consumed_ages += [step - group.enqueued_step for group in batch.consumed]
                 result.inflight_at_pause.append(int(drained["inflight_at_pause"]))
                 result.drain_seconds.append(float(drained["drain_seconds"]))
+                result.aborted.append(int(drained.get("aborted", 0)))
         measured_steps = load.steps - load.warmup_steps
         result.groups_per_second = (
             load.train_batch_size * measured_steps / (time.perf_counter() - measured_from)
         )
+
+    async def draw(self, step: int, next_group: int) -> int:
+        """Draw what the window asks for (group k gets the k-th durations); return the next group number."""
+        load, window, result = self.load, self.window, self.result
+        new_rollouts = []
+        for _ in range(window.groups_to_draw()):
+            group_id = f"{self.run_id}-g{next_group}"
+            rollout_ids = [f"{group_id}-r{sibling}" for sibling in range(load.rollout_n)]
+            sibling_durations = load.group_durations[next_group]
+            self.durations.update(zip(rollout_ids, sibling_durations, strict=True))
+            result.drawn_group_durations.append(max(sibling_durations))
+            window.add_group(group_id=group_id, rollout_ids=rollout_ids, step=step)
+            new_rollouts += [
+                {"rollout_id": rid, "group_id": group_id, "step": step, "input": {"k": next_group}}
+                for rid in rollout_ids
+            ]
+            next_group += 1
+        if new_rollouts:
+            await self.api.create(new_rollouts)
+        return next_group
 
     async def run(self) -> RunResult:
         try:
@@ -352,66 +420,82 @@ class Driver:
             self.current = None
 
 
+def window_modes(args: argparse.Namespace) -> list[tuple[str, WindowConfig]]:
+    batch, n = args.train_batch_size, args.rollout_n
+    modes = [] if args.no_sync else [("sync", WindowConfig(train_batch_size=batch, samples_per_prompt=n))]
+    refills = {"off": [False], "on": [True], "both": [False, True]}[args.refill]
+    for m in (int(value) for value in args.multipliers.split(",") if value):
+        for refill in refills:
+            config = WindowConfig(
+                train_batch_size=batch,
+                samples_per_prompt=n,
+                async_enabled=True,
+                async_window_size=m * batch,
+                refill_during_collection=refill,
+            )
+            modes.append((f"async {m}x" + (" refill" if refill else ""), config))
+    return modes
+
+
 async def run_all(args: argparse.Namespace) -> dict[float, list[RunResult]]:
     multipliers = [int(value) for value in args.multipliers.split(",") if value]
     sigmas = [float(value) for value in args.sigmas.split(",") if value]
     batch = args.train_batch_size
-    pool = batch * (max(multipliers, default=1) + args.steps + 1)
+    pool = batch * (2 * max(multipliers, default=1) + 2 * args.steps + 2)  # refills draw more per step
     results: dict[float, list[RunResult]] = {}
-    with running_servers("--retry-after-seconds", "1", pythonpath=args.gateway_pythonpath) as servers:
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=120)
-        ) as session:
-            api = Api(session, servers.gateway_url, pause_query=args.pause_query)
-            driver = Driver(api)
-            background = [asyncio.create_task(driver.operator()), asyncio.create_task(driver.feed())]
-            for sigma_index, sigma in enumerate(sigmas):
-                load = Load(
-                    sigma=sigma,
-                    mean_rollout_seconds=args.mean_rollout_seconds,
-                    rollout_n=args.rollout_n,
-                    train_batch_size=batch,
-                    update_seconds=args.update_seconds,
-                    calls_per_rollout=args.calls_per_rollout,
-                    generation_share=args.generation_share,
-                    agent_retry_seconds=args.agent_retry_seconds,
-                    steps=args.steps,
-                    warmup_steps=args.warmup_steps,
-                    group_durations=draw_durations(
+    for pause_mode in args.pause_modes.split(","):
+        gateway_args = ("--retry-after-seconds", "1", "--pause-mode", pause_mode)
+        with running_servers(*gateway_args, pythonpath=args.gateway_pythonpath) as servers:
+            connector = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+            ) as session:
+                api = Api(session, servers.gateway_url, pause_query=args.pause_query)
+                driver = Driver(api)
+                background = [asyncio.create_task(driver.operator()), asyncio.create_task(driver.feed())]
+                runs = [
+                    (sigma_index, sigma, policy, kind)
+                    for sigma_index, sigma in enumerate(sigmas)
+                    for policy in args.drain_policies.split(",")
+                    for kind in args.agent_kinds.split(",")
+                ]
+                for sigma_index, sigma, policy, kind in runs:
+                    load = Load(
                         sigma=sigma,
-                        mean=args.mean_rollout_seconds,
-                        n=args.rollout_n,
-                        groups=pool,
-                        seed=args.seed,
-                    ),
-                )
-                modes = [("sync", WindowConfig(train_batch_size=batch, samples_per_prompt=args.rollout_n))]
-                modes += [
-                    (
-                        f"async {m}x",
-                        WindowConfig(
-                            train_batch_size=batch,
-                            samples_per_prompt=args.rollout_n,
-                            async_enabled=True,
-                            async_window_size=m * batch,
+                        mean_rollout_seconds=args.mean_rollout_seconds,
+                        rollout_n=args.rollout_n,
+                        train_batch_size=batch,
+                        update_seconds=args.update_seconds,
+                        calls_per_rollout=args.calls_per_rollout,
+                        generation_share=args.generation_share,
+                        agent_retry_seconds=args.agent_retry_seconds,
+                        agent_kind=kind,
+                        abort=policy == "abort",
+                        retry_after_seconds=args.retry_after_seconds,
+                        steps=args.steps,
+                        warmup_steps=args.warmup_steps,
+                        group_durations=draw_durations(
+                            sigma=sigma,
+                            mean=args.mean_rollout_seconds,
+                            n=args.rollout_n,
+                            groups=pool,
+                            seed=args.seed,
                         ),
                     )
-                    for m in multipliers
-                ]
-                for mode, config in modes:
-                    started = time.monotonic()
-                    run_id = f"s{sigma_index}-{mode.replace(' ', '')}"
-                    simulation = Simulation(api, load, mode=mode, window_config=config, run_id=run_id)
-                    result = await driver.run(simulation, background)
-                    results.setdefault(sigma, []).append(result)
-                    print(
-                        f"  sigma {sigma:.1f} {mode:9s}: {result.groups_per_second:5.2f} groups/s "
-                        f"({time.monotonic() - started:.1f} s)"
-                    )
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+                    for mode, config in window_modes(args):
+                        started = time.monotonic()
+                        run_id = f"{pause_mode}-{policy}-{kind}-s{sigma_index}-{mode.replace(' ', '')}"
+                        simulation = Simulation(api, load, mode=mode, window_config=config, run_id=run_id)
+                        result = await driver.run(simulation, background)
+                        result.pause_mode = pause_mode
+                        results.setdefault(sigma, []).append(result)
+                        print(
+                            f"  sigma {sigma:.1f} {pause_mode}/{policy}/{kind} {mode:15s}: "
+                            f"{result.groups_per_second:5.2f} groups/s ({time.monotonic() - started:.1f} s)"
+                        )
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
     return results
 
 
@@ -422,6 +506,9 @@ def report(results: dict[float, list[RunResult]], args: argparse.Namespace) -> N
             rows.append(
                 [
                     f"{sigma:.1f}",
+                    run.pause_mode,
+                    run.drain_policy,
+                    run.agent_kind,
                     run.mode,
                     run.window,
                     f"{run.groups_per_second:.2f}",
@@ -430,14 +517,20 @@ def report(results: dict[float, list[RunResult]], args: argparse.Namespace) -> N
                     f"{statistics.fmean(run.consumed_ages):.2f}",
                     max(run.consumed_ages),
                     f"{statistics.fmean(run.inflight_at_pause):.1f}",
+                    f"{statistics.fmean(run.aborted):.1f}",
                     f"{statistics.fmean(run.drain_seconds) * 1000:.1f}",
                     run.rejected_429,
+                    run.failed_calls,
+                    _release_p99(run),
                     f"{run.ideal_groups_per_second:.2f}",
                     f"{run.groups_per_second / run.ideal_groups_per_second:.1%}",
                 ]
             )
     headers = [
         "sigma",
+        "pause",
+        "drain",
+        "agent",
         "mode",
         "window",
         "groups/s",
@@ -446,8 +539,11 @@ def report(results: dict[float, list[RunResult]], args: argparse.Namespace) -> N
         "age",
         "max age",
         "at pause",
+        "aborted",
         "drain ms",
         "429s",
+        "failed",
+        "release p99 ms",
         "ideal g/s",
         "of ideal",
     ]
@@ -465,18 +561,48 @@ def report(results: dict[float, list[RunResult]], args: argparse.Namespace) -> N
     if reference is None:
         print("no sigma 1.0 run: target verdicts skipped")
         return
-    sync = next(run for run in reference if run.mode == "sync")
     for run in reference:
         if run.mode == "sync":
             continue
-        speedup = run.groups_per_second / sync.groups_per_second
+        label = f"{run.mode} [{run.pause_mode}/{run.drain_policy}/{run.agent_kind}]"
         share = run.groups_per_second / run.ideal_groups_per_second
-        print(verdict(f"{run.mode} >= 1.8x sync at sigma 1.0", speedup >= TARGET_SPEEDUP, f"{speedup:.2f}x"))
-        print(
-            verdict(
-                f"{run.mode} within 15% of ideal at sigma 1.0", share >= TARGET_IDEAL_SHARE, f"{share:.1%}"
-            )
+        sync = next(
+            (
+                other
+                for other in reference
+                if other.mode == "sync"
+                and (other.pause_mode, other.drain_policy, other.agent_kind)
+                == (run.pause_mode, run.drain_policy, run.agent_kind)
+            ),
+            None,
         )
+        if sync is not None:
+            speedup = run.groups_per_second / sync.groups_per_second
+            print(verdict(f"{label} >= 1.8x sync at sigma 1.0", speedup >= TARGET_SPEEDUP, f"{speedup:.2f}x"))
+        print(
+            verdict(f"{label} within 15% of ideal at sigma 1.0", share >= TARGET_IDEAL_SHARE, f"{share:.1%}")
+        )
+        if run.pause_mode == "hold" and run.drain_policy == "abort" and run.mode.startswith("async 2x"):
+            met = share >= TARGET_HOLD_ABORT_IDEAL_SHARE
+            print(verdict(f"{label} within 5% of ideal at sigma 1.0", met, f"{share:.1%}"))
+    for sigma, runs in results.items():
+        for run in runs:
+            label = f"sigma {sigma:.1f} {run.mode} [{run.pause_mode}/{run.drain_policy}/{run.agent_kind}]"
+            if run.agent_kind == "sdk":
+                met = run.failed_calls == 0
+                print(verdict(f"{label}: no failed model call", met, f"{run.failed_calls} failed"))
+            if run.release_seconds:
+                p99 = percentile(run.release_seconds, 99)
+                met = p99 <= TARGET_RELEASE_P99_SECONDS
+                print(verdict(f"{label}: held calls answered <= 50 ms p99 after the resume", met, _ms(p99)))
+
+
+def _release_p99(run: RunResult) -> str:
+    return f"{percentile(run.release_seconds, 99) * 1000:.1f}" if run.release_seconds else "-"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
 
 
 def parse_args() -> argparse.Namespace:
@@ -502,6 +628,32 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the duration draws")
     parser.add_argument(
+        "--pause-modes",
+        default="reject",
+        help="gateway --pause-mode values to run, comma-separated (hold,reject)",
+    )
+    parser.add_argument(
+        "--drain-policies",
+        default="wait",
+        help="abort and/or wait (pause with or without abort), comma-separated",
+    )
+    parser.add_argument(
+        "--agent-kinds",
+        default="fixed",
+        help="fixed (retry after --agent-retry-seconds), sdk (OpenAI SDK defaults: 2 retries honouring "
+        "Retry-After), forever (honour Retry-After, never give up); comma-separated",
+    )
+    parser.add_argument(
+        "--refill",
+        choices=["off", "on", "both"],
+        default="off",
+        help="async windows refilled at step start only (off), also during collection (on), or both",
+    )
+    parser.add_argument("--no-sync", action="store_true", help="skip the sync runs")
+    parser.add_argument(
+        "--retry-after-seconds", type=float, default=1, help="Retry-After the trainer's pause asks for"
+    )
+    parser.add_argument(
         "--gateway-pythonpath",
         help="directory put first on the gateway's PYTHONPATH, to measure a patched copy of asyncrl",
     )
@@ -513,6 +665,16 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if not 0 <= args.warmup_steps < args.steps:
         parser.error("--warmup-steps must be at least 0 and below --steps")
+    for flag, value, allowed in (
+        ("--pause-modes", args.pause_modes, {"hold", "reject"}),
+        ("--drain-policies", args.drain_policies, {"abort", "wait"}),
+        ("--agent-kinds", args.agent_kinds, {"fixed", "sdk", "forever"}),
+    ):
+        unknown = set(value.split(",")) - allowed
+        if unknown:
+            parser.error(
+                f"{flag}: unknown {', '.join(sorted(unknown))}; choose from {', '.join(sorted(allowed))}"
+            )
     return args
 
 

@@ -88,9 +88,14 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
         "port": 8090,
         "retryAfterSeconds": 5,
         "samplingParams": "Enforce",
+        "pauseMode": "Hold",
+        "drainPolicy": "Abort",
+        "holdTimeoutSeconds": 900,
+        "maxHeldCalls": 10000,
     }
     assert stored["logging"] == {"wandb": {"mode": "Offline"}}
     assert stored["async"]["stalenessPolicy"] == "Cancel"
+    assert stored["async"]["refillDuringCollection"] is True
     # Every default the server filled is the one pydantic fills, and nothing else differs.
     assert stored == load_run(load_example("run-minimal.yaml")).spec.to_wire()
 

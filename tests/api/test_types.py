@@ -59,7 +59,11 @@ def test_minimal_example_loads_and_configures_the_window() -> None:
     assert run.name == "minimal"
     assert run.spec.trainer.backend is TrainerBackend.REFERENCE
     assert run.spec.window_config() == WindowConfig(
-        train_batch_size=2, samples_per_prompt=2, async_enabled=True, async_window_size=4
+        train_batch_size=2,
+        samples_per_prompt=2,
+        async_enabled=True,
+        async_window_size=4,
+        refill_during_collection=True,
     )
 
 
@@ -118,7 +122,7 @@ def test_documented_defaults() -> None:
         "rollout": {"samplesPerPrompt": 4},
         "rolloutTimeoutSeconds": 1800,
         "maxFailedSteps": 3,
-        "async": {"enabled": False, "stalenessPolicy": "Cancel"},
+        "async": {"enabled": False, "refillDuringCollection": True, "stalenessPolicy": "Cancel"},
         "rolloutCorrection": {"mode": "Token", "threshold": 2.0},
         "trainer": {
             "backend": "Verl",
@@ -131,6 +135,10 @@ def test_documented_defaults() -> None:
         "gateway": {
             "image": "ghcr.io/asyncrl/gateway:0.1.0",
             "port": 8090,
+            "pauseMode": "Hold",
+            "drainPolicy": "Abort",
+            "holdTimeoutSeconds": 900,
+            "maxHeldCalls": 10000,
             "retryAfterSeconds": 5,
             "samplingParams": "Enforce",
         },

@@ -75,6 +75,15 @@ def gateway(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
     assert KEY not in running.process.log(), "the gateway key must never be logged"
 
 
+@pytest.fixture
+def reject_gateway(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """A gateway in Reject mode: Agent Lightning's 429 contract while paused."""
+    running = launch_gateway([upstream_url], tmp_path, "--pause-mode", "reject")
+    yield running
+    running.process.stop()
+    assert KEY not in running.process.log(), "the gateway key must never be logged"
+
+
 def create_rollouts(client: httpx.Client, *rollout_ids: str, group_id: str = "g1", **fields: object) -> None:
     body = [
         {"rollout_id": rid, "group_id": group_id, "step": 0, "input": {"q": rid}, **fields}

@@ -61,12 +61,12 @@ def test_client_drives_a_rollout_from_creation_to_the_completion_feed(gateway: R
     asyncio.run(scenario())
 
 
-def test_agent_helper_waits_out_a_pause_and_reports_its_reward(gateway: RunningGateway) -> None:
-    with gateway.management() as admin:
+def test_agent_helper_waits_out_a_pause_and_reports_its_reward(reject_gateway: RunningGateway) -> None:
+    with reject_gateway.management() as admin:
         admin.post("/api/rollouts", json=[{"rollout_id": "r1", "group_id": "g", "step": 0}])
         admin.post("/proxy/pause", json={"reason": "update", "retry_after_seconds": 1})
-        threading.Timer(1.5, lambda: gateway.management().post("/proxy/resume")).start()
-        env = _agent_env(gateway, "r1")
+        threading.Timer(1.5, lambda: reject_gateway.management().post("/proxy/resume")).start()
+        env = _agent_env(reject_gateway, "r1")
         started = time.monotonic()
         answer = chat([{"role": "user", "content": "hello there"}], env)
         assert time.monotonic() - started >= 1.0  # it waited for the resume
@@ -81,12 +81,12 @@ def test_agent_helper_waits_out_a_pause_and_reports_its_reward(gateway: RunningG
     assert float(rejections.split()[1]) >= 1  # the agent did meet the pause and retried
 
 
-def test_openai_client_from_the_helper_retries_429_with_retry_after(gateway: RunningGateway) -> None:
-    with gateway.management() as admin:
+def test_openai_client_from_the_helper_retries_429_with_retry_after(reject_gateway: RunningGateway) -> None:
+    with reject_gateway.management() as admin:
         admin.post("/api/rollouts", json=[{"rollout_id": "r1", "group_id": "g", "step": 0}])
         admin.post("/proxy/pause", json={"reason": "update", "retry_after_seconds": 1})
-        threading.Timer(1.5, lambda: gateway.management().post("/proxy/resume")).start()
-        client = openai_client(_agent_env(gateway, "r1"))
+        threading.Timer(1.5, lambda: reject_gateway.management().post("/proxy/resume")).start()
+        client = openai_client(_agent_env(reject_gateway, "r1"))
         completion = client.chat.completions.create(
             model="anything", messages=[{"role": "user", "content": "one two three"}]
         )

@@ -44,15 +44,15 @@ def test_completions_endpoint_captures_token_logprobs(gateway: RunningGateway) -
 
 
 def test_paused_gateway_answers_429_with_retry_after_and_resume_is_idempotent(
-    gateway: RunningGateway,
+    reject_gateway: RunningGateway,
 ) -> None:
-    with gateway.management() as admin, gateway.agent("r1") as agent:
+    with reject_gateway.management() as admin, reject_gateway.agent("r1") as agent:
         create_rollouts(admin, "r1")
         paused = admin.post("/proxy/pause", json={"reason": "weight update", "retry_after_seconds": 3}).json()
         assert paused["paused"] is True
         assert paused["reason"] == "weight update"
 
-        rejected = agent.post(gateway.proxy_path("r1"), json=CHAT)
+        rejected = agent.post(reject_gateway.proxy_path("r1"), json=CHAT)
         assert rejected.status_code == 429
         assert rejected.headers["retry-after"] == "3"
         assert rejected.headers["x-agl-paused"] == "true"
@@ -70,7 +70,7 @@ def test_paused_gateway_answers_429_with_retry_after_and_resume_is_idempotent(
             resumed = admin.post("/proxy/resume").json()
             assert resumed["paused"] is False
             assert resumed["retry_after_seconds"] == 5
-        assert agent.post(gateway.proxy_path("r1"), json=CHAT).status_code == 200
+        assert agent.post(reject_gateway.proxy_path("r1"), json=CHAT).status_code == 200
 
 
 def test_pause_with_wait_returns_when_the_last_inflight_call_finishes(gateway: RunningGateway) -> None:
@@ -219,15 +219,15 @@ def test_slow_upstream_gives_504(upstream_url: str, tmp_path: Path) -> None:
         running.process.stop()
 
 
-def test_metrics_health_and_readiness(gateway: RunningGateway) -> None:
-    with gateway.management() as admin, gateway.agent("r1") as agent:
+def test_metrics_health_and_readiness(reject_gateway: RunningGateway) -> None:
+    with reject_gateway.management() as admin, reject_gateway.agent("r1") as agent:
         create_rollouts(admin, "r1")
-        agent.post(gateway.proxy_path("r1"), json=CHAT)
+        agent.post(reject_gateway.proxy_path("r1"), json=CHAT)
         admin.post("/proxy/pause")
-        agent.post(gateway.proxy_path("r1"), json=CHAT)
-        metrics = httpx.get(gateway.url + "/metrics").text
-        assert httpx.get(gateway.url + "/healthz").status_code == 200
-        assert httpx.get(gateway.url + "/readyz").json() == {"ready": True}
+        agent.post(reject_gateway.proxy_path("r1"), json=CHAT)
+        metrics = httpx.get(reject_gateway.url + "/metrics").text
+        assert httpx.get(reject_gateway.url + "/healthz").status_code == 200
+        assert httpx.get(reject_gateway.url + "/readyz").json() == {"ready": True}
     assert 'asyncrl_gateway_requests_total{code="200",route="proxy"} 1.0' in metrics
     assert 'asyncrl_gateway_requests_total{code="429",route="proxy"} 1.0' in metrics
     assert "asyncrl_gateway_paused_rejections_total 1.0" in metrics

@@ -42,8 +42,8 @@ def two_upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
 
 @pytest.fixture
 def bare_gateway(tmp_path: Path) -> Iterator[RunningGateway]:
-    """A gateway started without any --upstream, as the GPU backend's sidecar is."""
-    running = launch_gateway([], tmp_path, "--retry-after-seconds", "7")
+    """A gateway started without any --upstream, as the GPU backend's sidecar is (Reject mode: 503s)."""
+    running = launch_gateway([], tmp_path, "--retry-after-seconds", "7", "--pause-mode", "reject")
     yield running
     running.process.stop()
     assert KEY not in running.process.log(), "the gateway key must never be logged"

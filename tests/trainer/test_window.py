@@ -55,12 +55,12 @@ def test_async_is_off_by_default_and_the_window_is_one_batch() -> None:
     assert config.staleness_policy is StalenessPolicy.CANCEL
 
 
-def test_async_window_size_is_async_train_batch_size() -> None:
+def test_the_async_window_holds_window_size_groups() -> None:
     assert async_config(train_batch_size=32, async_window_size=64).window_size == 64
 
 
 @pytest.mark.parametrize("async_window_size", [None, 16, 32])
-def test_async_requires_async_train_batch_size_greater_than_train_batch_size(
+def test_async_requires_a_window_size_greater_than_train_batch_size(
     async_window_size: int | None,
 ) -> None:
     with pytest.raises(ValidationError) as error:
@@ -72,7 +72,7 @@ def test_async_requires_async_train_batch_size_greater_than_train_batch_size(
     assert "try windowSize: 64 (2 x trainBatchSize)" in message
 
 
-def test_async_train_batch_size_is_ignored_when_async_is_off() -> None:
+def test_window_size_is_ignored_when_async_is_off() -> None:
     config = WindowConfig(train_batch_size=4, samples_per_prompt=2, async_window_size=2)
     assert config.window_size == 4
 
@@ -326,6 +326,7 @@ def test_step_summary_reports_the_six_seed_metrics() -> None:
         "training/async/new_carry_over_age_max_steps": 2.0,
         "training/async/proxy_inflight_at_pause": 5.0,
         "training/async/proxy_drain_seconds": 1.5,
+        "training/async/proxy_aborted_calls": 0.0,
         "training/async/n_stale_groups_cancelled": 0.0,
         "training/async/n_stale_groups_kept": 0.0,
         "training/async/n_failed_rollouts_consumed": 0.0,
@@ -507,3 +508,35 @@ def test_group_rejects_inconsistent_recovered_state() -> None:
         Group(group_id="g", enqueued_step=0, rollout_ids=("a", "b"), completion_sequence=0)
     with pytest.raises(ValueError, match="distinct"):
         Group(group_id="g", enqueued_step=0, rollout_ids=("a", "a"))
+
+
+# Refill during collection
+
+
+def test_a_window_refilled_during_collection_keeps_window_size_groups_unfinished() -> None:
+    window = RolloutWindow(async_config(refill_during_collection=True))  # B 2, W 4: at most 5 groups
+    window.begin_step(step=0)
+    first = fill(window, step=0)
+    assert len(first) == 4
+    finish(window, first[0])
+    assert window.groups_to_draw() == 1  # one finished: one new group takes its place
+    add(window, "refill-1", step=0)
+    assert (window.n_unfinished_groups, len(window.active_groups)) == (4, 5)
+    assert window.groups_to_draw() == 0  # full: 4 unfinished + 1 finished (a 2nd finished means update)
+    finish(window, first[1])
+    assert window.ready_for_update()
+    batch = window.take_update_batch(step=0)
+    assert [group.group_id for group in batch.consumed] == [first[0].group_id, first[1].group_id]
+    assert batch.summary.n_new_carry_over_rollouts == 3 * 2  # the refill is carried like any group
+    window.begin_step(step=1)
+    assert window.groups_to_draw() == 1
+
+
+def test_a_window_refilled_at_step_start_only_draws_nothing_while_collecting() -> None:
+    window = RolloutWindow(async_config())
+    window.begin_step(step=0)
+    groups = fill(window, step=0)
+    finish(window, groups[0])
+    assert window.groups_to_draw() == 0
+    with pytest.raises(ValueError, match="the window is full"):
+        add(window, "one-too-many", step=0)

@@ -41,6 +41,7 @@ def window_configs(draw: st.DrawFn, *, bounded_async: bool = False) -> WindowCon
         async_window_size=train_batch_size + draw(st.integers(1, 4)) if async_enabled else None,
         max_carry_over_age_steps=draw(max_ages),
         staleness_policy=draw(st.sampled_from(StalenessPolicy)),
+        refill_during_collection=draw(st.booleans()),
     )
 
 
@@ -63,6 +64,7 @@ class Simulation:
         self.consumed: Counter[str] = Counter()
         self.cancelled: Counter[str] = Counter()
         self.last_summary: StepSummary | None = None
+        self.n_drawn = 0
 
     # One step, in the documented call order.
 
@@ -70,7 +72,7 @@ class Simulation:
         self.begin(step)
         cancelled = self.apply_staleness_policy(step)
         self.draw(step)
-        self.complete_until_ready()
+        self.complete_until_ready(step)
         batch = self.window.take_update_batch(step=step)
         self.check_batch(batch, step=step, n_cancelled=len(cancelled))
         if self.rng.random() < 0.15:
@@ -100,14 +102,20 @@ class Simulation:
         return cancelled
 
     def draw(self, step: int) -> None:
+        config = self.config
         n_new = self.window.groups_to_draw()
-        if self.config.async_enabled:
-            assert n_new == self.config.window_size - len(self.active)
+        unfinished = [gid for gid in self.active if not self.is_complete(gid)]
+        if config.refills:  # window_size unfinished groups, within max_groups
+            room = config.window_size + config.train_batch_size - 1 - len(self.active)
+            assert n_new == max(0, min(config.window_size - len(unfinished), room))
+        elif config.async_enabled:
+            assert n_new == config.window_size - len(self.active)
         else:
             assert self.active == []  # sync carries nothing, so each step starts empty
-            assert n_new == self.config.train_batch_size
-        for index in range(n_new):
-            group_id = f"s{step}g{index}"
+            assert n_new == config.train_batch_size
+        for _ in range(n_new):
+            group_id = f"s{step}g{self.n_drawn}"
+            self.n_drawn += 1
             rollout_ids = tuple(f"{group_id}r{i}" for i in range(self.config.samples_per_prompt))
             group = self.window.add_group(group_id=group_id, rollout_ids=rollout_ids, step=step)
             assert group.enqueued_step == step
@@ -117,14 +125,32 @@ class Simulation:
             self.group_of.update(dict.fromkeys(rollout_ids, group_id))
             self.active.append(group_id)
         assert self.window.groups_to_draw() == 0
-        assert len(self.active) == self.config.window_size
+        self.check_capacity()
+        if not config.refills:
+            assert len(self.active) == config.window_size
+
+    def check_capacity(self) -> None:
+        """At most window_size groups unfinished; refilled windows keep that many while there is room."""
+        config = self.config
+        unfinished = [gid for gid in self.active if not self.is_complete(gid)]
+        assert len(unfinished) <= config.window_size
+        assert self.window.n_unfinished_groups == len(unfinished)
+        if config.refills:
+            max_groups = config.window_size + config.train_batch_size - 1
+            assert len(self.active) <= max_groups
+            assert len(unfinished) == config.window_size or len(self.active) == max_groups
+        else:
+            assert len(self.active) <= config.window_size
 
     # Agents finishing, in a random order, with duplicate and late reports mixed in.
 
-    def complete_until_ready(self) -> None:
+    def complete_until_ready(self, step: int) -> None:
         while not self.expected_ready():
             assert not self.window.ready_for_update()
             self.report_something()
+            if self.config.refills and not self.expected_ready():
+                event("refilled during collection")
+                self.draw(step)  # as the step loop does after each page of completions
         assert self.window.ready_for_update()
         for _ in range(self.rng.randint(0, 3)):  # more finish while the trainer gets to the update
             if self.pending():

@@ -54,6 +54,7 @@ from asyncrl.gateway.store import (
     RolloutStore,
     UnknownAttempt,
 )
+from asyncrl.pausing import PauseMode
 from asyncrl.rollouts import RolloutState
 
 
@@ -129,6 +130,10 @@ def build_api(
 
     def pause_json(**extra: Any) -> dict[str, Any]:
         state: dict[str, Any] = {**pause.snapshot().as_json(), "model_version": pause.model_version}
+        if config.pause_mode is PauseMode.HOLD:  # Reject mode's state stays the seed's, byte for byte
+            state["pause_mode"] = config.pause_mode.value
+            state["held"] = len(proxy.held)
+            state["held_oldest_seconds"] = round(proxy.held.oldest_wait_seconds(), 3)
         return {**state, **extra}
 
     async def drain_fields(wait: float | None) -> dict[str, Any]:
@@ -141,6 +146,7 @@ def build_api(
             "drained": result.drained,
             "inflight_at_pause": result.inflight_at_pause,
             "drain_seconds": result.drain_seconds,
+            "aborted": result.aborted,
         }
 
     # -- pause / resume / state (Agent Lightning's contract, plus a server-side drain wait) ---------------
@@ -154,6 +160,8 @@ def build_api(
     ) -> dict[str, Any]:
         request = request or PauseRequest()
         pause.pause(reason=request.reason, retry_after_seconds=request.retry_after_seconds)
+        if request.abort:
+            pause.abort_inflight()
         metrics.paused.set(1)
         return pause_json(**await drain_fields(wait))
 
@@ -161,6 +169,7 @@ def build_api(
     async def resume_route(request: Annotated[ResumeRequest | None, Body()] = None) -> dict[str, Any]:
         pause.resume(model_version=(request or ResumeRequest()).model_version)
         metrics.paused.set(0)
+        proxy.release_held()  # in arrival order; each is forwarded when its handler runs next
         return pause_json()
 
     @app.get("/proxy/state", dependencies=[Management])

@@ -42,6 +42,7 @@ class PauseResult:
     drained: bool
     inflight_at_pause: int
     drain_seconds: float
+    aborted: int = 0  # calls in flight cancelled upstream by a pause with abort
 
 
 class GatewayClient:
@@ -78,15 +79,24 @@ class GatewayClient:
     # -- pause / resume -----------------------------------------------------------------------------------
 
     async def pause(
-        self, *, reason: str | None, retry_after_seconds: int = 5, wait_seconds: float = 300.0
+        self,
+        *,
+        reason: str | None,
+        retry_after_seconds: float = 5,
+        wait_seconds: float = 300.0,
+        abort: bool = False,
     ) -> PauseResult:
-        """Pause and wait (server-side) for in-flight calls to finish; returns the drain measurements."""
+        """Pause and wait (server-side) for in-flight calls to finish; returns the drain measurements.
+
+        With `abort` the calls in flight are cancelled upstream first (drain policy Abort), so the drain
+        ends at once; the gateway re-issues them after the resume (Hold) or answers them 429 (Reject).
+        """
         response = await self._request(
             "POST",
             "/proxy/pause",
             wait=wait_seconds,
             params={"wait": wait_seconds},
-            json={"reason": reason, "retry_after_seconds": retry_after_seconds},
+            json={"reason": reason, "retry_after_seconds": retry_after_seconds, "abort": abort},
         )
         body = response.json()
         return PauseResult(
@@ -95,6 +105,7 @@ class GatewayClient:
             drained=body["drained"],
             inflight_at_pause=body["inflight_at_pause"],
             drain_seconds=body["drain_seconds"],
+            aborted=int(body.get("aborted", 0)),
         )
 
     async def resume(self, *, model_version: int | None = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
 
 from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
+from asyncrl.pausing import PauseMode
 
 KEY_ENV_VAR = "ASYNCRL_GATEWAY_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -16,6 +17,9 @@ DEFAULT_MAX_JSON_DEPTH = 64
 # Python's JSON parser and encoders recurse per level and fail near 1000; stay well below.
 MAX_JSON_DEPTH_CEILING = 256
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
+DEFAULT_HOLD_TIMEOUT_SECONDS = 900.0
+DEFAULT_MAX_HELD_CALLS = 10_000
+MIN_RETRY_AFTER_SECONDS = 0.001  # Retry-After and retry-after-ms are sent with millisecond precision
 
 
 def check_upstream_urls(urls: Iterable[str]) -> tuple[str, ...]:
@@ -47,8 +51,28 @@ class GatewayConfig(BaseModel):
     )
     model: str = Field(description="The model name forwarded upstream, whatever name the agent sends.")
     key: SecretStr = Field(description="The gateway key; agent tokens are derived from it.")
-    retry_after_seconds: int = Field(
-        default=5, ge=1, description="Retry-After sent with 429 while paused and 503 while no upstream."
+    retry_after_seconds: float = Field(
+        default=5,
+        ge=MIN_RETRY_AFTER_SECONDS,
+        le=3600,
+        description="Retry-After (fractions allowed; also sent as retry-after-ms) with 429 while paused and "
+        "503 while no upstream, in Reject mode and when a held call is refused.",
+    )
+    pause_mode: PauseMode = Field(
+        default=PauseMode.HOLD,
+        description="Hold: calls that arrive while paused (or before any upstream) wait and are forwarded at "
+        "the resume. Reject: they get 429 + Retry-After (503 without an upstream) at once.",
+    )
+    hold_timeout_seconds: float = Field(
+        default=DEFAULT_HOLD_TIMEOUT_SECONDS,
+        gt=0,
+        allow_inf_nan=False,
+        description="Hold mode: a call held this long gets the 429 (or 503) it would have had.",
+    )
+    max_held_calls: int = Field(
+        default=DEFAULT_MAX_HELD_CALLS,
+        ge=1,
+        description="Hold mode: calls held at once; one more gets the 429 (or 503) it would have had.",
     )
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES,

@@ -59,6 +59,31 @@ class GatewayMetrics:
             "Train-mode model calls whose temperature/top_p/top_k the gateway replaced with the run's.",
             registry=self.registry,
         )
+        self.held = Gauge(
+            "asyncrl_gateway_held_calls_now", "Model calls held now (Hold mode).", registry=self.registry
+        )
+        self.held_total = Counter(
+            "asyncrl_gateway_held_calls",
+            "Model calls held while paused or before any upstream (Hold mode); a re-issue counts again.",
+            registry=self.registry,
+        )
+        self.hold_wait = Histogram(
+            "asyncrl_gateway_hold_wait_seconds",
+            "How long held model calls waited before they were forwarded (or refused).",
+            registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900),
+        )
+        self.hold_refusals = Counter(
+            "asyncrl_gateway_hold_refusals",
+            "Held model calls answered 429 (or 503): hold_timeout, or hold_full (the cap was reached).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.aborted = Counter(
+            "asyncrl_gateway_aborted_calls",
+            "Model calls in flight cancelled upstream by a pause with abort (drain policy Abort).",
+            registry=self.registry,
+        )
         self.drain_seconds = Gauge(
             "asyncrl_gateway_last_drain_seconds",
             "Duration of the last pause's drain.",

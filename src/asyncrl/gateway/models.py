@@ -125,7 +125,14 @@ class AgentEvent(BaseModel):
 
 class PauseRequest(BaseModel):
     reason: str | None = Field(default=None, max_length=1024)
-    retry_after_seconds: int = Field(default=5, ge=1, le=3600)
+    retry_after_seconds: float = Field(
+        default=5, ge=0.001, le=3600, description="Retry-After while paused (Reject mode); fractions allowed."
+    )
+    abort: bool = Field(
+        default=False,
+        description="Cancel the model calls in flight upstream at once (drain policy Abort); in Hold mode "
+        "they are re-issued after the resume, in Reject mode they get 429.",
+    )
 
 
 class ResumeRequest(BaseModel):

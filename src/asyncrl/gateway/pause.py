@@ -1,8 +1,9 @@
 """Pause and drain: stop forwarding new model calls and learn, without polling, when the last one ended.
 
-Before a weight update the trainer pauses the gateway; calls already in flight finish, new ones get 429 with
-Retry-After. `wait_drained()` returns the moment the in-flight count reaches zero (an asyncio.Event set by the
-request that finishes last), with the count at the pause and the drain time.
+Before a weight update the trainer pauses the gateway; new calls are held (`Hold`) or get 429 with
+Retry-After (`Reject`). Calls already in flight either finish (drain policy `Wait`) or are cancelled upstream
+at once (`Abort`, `abort_inflight()`). `wait_drained()` returns the moment the in-flight count reaches zero
+(an asyncio.Event set by the request that finishes last), with the count at the pause and the drain time.
 """
 
 from __future__ import annotations
@@ -11,19 +12,32 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import Any
+
+
+def header_seconds(seconds: float) -> str:
+    """A Retry-After value: whole seconds as before (`5`), a fraction only when given one (`0.25`)."""
+    if float(seconds).is_integer():
+        return str(int(seconds))
+    return f"{seconds:.3f}".rstrip("0")
+
+
+def json_seconds(seconds: float) -> int | float:
+    """Whole seconds as a JSON integer (the state's bytes stay Agent Lightning's), fractions as a float."""
+    return int(seconds) if float(seconds).is_integer() else seconds
 
 
 @dataclass(frozen=True)
 class PauseSnapshot:
     paused: bool
-    retry_after_seconds: int
+    retry_after_seconds: float
     reason: str | None
     inflight: int
 
     def as_json(self) -> dict[str, object]:
         return {
             "paused": self.paused,
-            "retry_after_seconds": self.retry_after_seconds,
+            "retry_after_seconds": json_seconds(self.retry_after_seconds),
             "reason": self.reason,
             "inflight": self.inflight,
         }
@@ -35,12 +49,13 @@ class DrainResult:
     inflight_at_pause: int
     drain_seconds: float
     inflight: int
+    aborted: int = 0  # calls in flight at the pause that `abort_inflight()` cancelled
 
 
 class PauseState:
     """Single-event-loop state; every method runs on the gateway's loop, so no lock is needed."""
 
-    def __init__(self, default_retry_after_seconds: int) -> None:
+    def __init__(self, default_retry_after_seconds: float) -> None:
         self.paused = False
         self.reason: str | None = None
         self.default_retry_after_seconds = default_retry_after_seconds
@@ -50,17 +65,20 @@ class PauseState:
         self.paused_at: float | None = None
         self.drained_after: float | None = None
         self.model_version: int | None = None
+        self.aborted_at_pause = 0
+        self.forwards: set[asyncio.Future[Any]] = set()  # upstream calls in flight, for abort
         self._idle = asyncio.Event()
         self._idle.set()
 
     def snapshot(self) -> PauseSnapshot:
         return PauseSnapshot(self.paused, self.retry_after_seconds, self.reason, self.inflight)
 
-    def pause(self, *, reason: str | None, retry_after_seconds: int | None) -> PauseSnapshot:
+    def pause(self, *, reason: str | None, retry_after_seconds: float | None) -> PauseSnapshot:
         if not self.paused:
             self.paused = True
             self.paused_at = time.monotonic()
             self.inflight_at_pause = self.inflight
+            self.aborted_at_pause = 0
             self.drained_after = 0.0 if self.inflight == 0 else None
         self.reason = reason
         self.retry_after_seconds = retry_after_seconds or self.default_retry_after_seconds
@@ -75,6 +93,22 @@ class PauseState:
         if model_version is not None:
             self.model_version = model_version
         return self.snapshot()
+
+    def abort_inflight(self) -> int:
+        """Cancel the upstream calls in flight (only while paused); return how many were cancelled.
+
+        Their handlers see the cancellation and hold the call for a re-issue (Hold) or answer 429 (Reject);
+        they leave the in-flight count at once, so the drain ends on the next turn of the event loop.
+        """
+        if not self.paused:
+            return 0
+        aborted = 0
+        for forward in list(self.forwards):
+            if not forward.done():
+                forward.cancel()
+                aborted += 1
+        self.aborted_at_pause += aborted
+        return aborted
 
     def enter(self) -> None:
         self.inflight += 1
@@ -106,4 +140,5 @@ class PauseState:
             inflight_at_pause=self.inflight_at_pause,
             drain_seconds=waited,
             inflight=self.inflight,
+            aborted=self.aborted_at_pause,
         )

@@ -4,8 +4,11 @@ Every agent model call passes through here, so per-request work is kept small: n
 pydantic validation, one JSON decode/encode to set the model name, the response relayed as bytes and captured
 as bytes (parsed later, off the hot path), and aiohttp as the upstream client (an order of magnitude faster
 than httpx's async pool at this concurrency; see the field notes). The wire contract is Agent Lightning's:
-paths, 429 + Retry-After + X-Agl-Paused while paused, and the same error body. Until the first upstream is
-registered (started without --upstream, then PUT /api/upstreams), model calls get 503 + Retry-After.
+paths, 429 + Retry-After + X-Agl-Paused while paused, and the same error body, in `Reject` mode; in `Hold`
+mode (the default) a call that arrives while paused waits in the gateway (`hold.py`) and is forwarded at the
+resume. Until the first upstream is registered (started without --upstream, then PUT /api/upstreams), model
+calls are held too (Hold) or get 503 + Retry-After (Reject). A pause with abort cancels the upstream calls in
+flight: nothing of them is captured, and Hold re-issues them after the resume.
 The limits every request meets (token before body, byte limit, JSON depth) are `door.py`'s, shared with the
 management routes.
 """
@@ -24,10 +27,12 @@ import aiohttp
 from asyncrl.gateway.capture import request_overrides
 from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.door import Refused, RouteAccess, authorize, parse_json, read_body
+from asyncrl.gateway.hold import HeldCalls, HoldRefused
 from asyncrl.gateway.metrics import GatewayMetrics
-from asyncrl.gateway.pause import PauseState
+from asyncrl.gateway.pause import PauseState, header_seconds
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.gateway.store import CapturedCall, RolloutStore, UnknownAttempt, check_attempt
+from asyncrl.pausing import PauseMode
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +45,11 @@ PROXY_PREFIX = "/proxy/rollout/"
 ENDPOINTS = frozenset({"chat/completions", "completions"})
 MODES = frozenset({"train", "val"})
 ROUTE = "proxy"
+CLIENT_GONE = 499  # the metric's status for a held call whose client disconnected (nothing is sent)
+
+
+class ClientGone(Exception):
+    """The client disconnected while its call was held; there is no one to answer."""
 
 
 def parse_proxy_path(path: str) -> tuple[str, str, str, str] | None:
@@ -100,6 +110,8 @@ class ProxyHandler:
         self.upstreams = Upstreams(config.upstreams)
         self.model = config.model  # replaced by set_upstreams(); config is frozen
         self.session: aiohttp.ClientSession | None = None
+        self.held = HeldCalls(capacity=config.max_held_calls, timeout_seconds=config.hold_timeout_seconds)
+        metrics.held.set_function(lambda: len(self.held))
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
@@ -116,6 +128,7 @@ class ProxyHandler:
         self.upstreams.replace(urls)
         if model is not None:
             self.model = model
+        self.release_held()  # calls held until the first upstream was known
         logger.info(
             "upstreams registered: %s (model %s); were: %s",
             ", ".join(urls),
@@ -128,6 +141,8 @@ class ProxyHandler:
         status = 500
         try:
             status = await self._handle(scope, receive, send)
+        except ClientGone:
+            status = CLIENT_GONE
         except Refused as reject:
             status = reject.status
             if reject.rejection_reason is not None:
@@ -151,23 +166,7 @@ class ProxyHandler:
             raise Refused(405, "method not allowed", headers={"allow": "POST"})
         headers = _headers(scope)
         authorize(self.key, headers.get("authorization"), RouteAccess(rollout_id=rollout_id))
-        rollout = self.store.find(rollout_id)
-        if rollout is None:
-            raise Refused(404, "unknown rollout", rollout_id=rollout_id)
-        if rollout.state.is_terminal:
-            raise Refused(
-                409,
-                "rollout already finished",
-                rejection_reason="rollout_finished",
-                rollout_id=rollout_id,
-                state=rollout.state.value,
-            )
-        try:
-            check_attempt(rollout, attempt_id)
-        except UnknownAttempt as error:
-            raise Refused(
-                404, str(error), rejection_reason="unknown_attempt", rollout_id=rollout_id
-            ) from error
+        self._check_rollout(rollout_id, attempt_id)
 
         raw = await read_body(
             receive, limit=self.config.max_body_bytes, declared_length=headers.get("content-length")
@@ -190,48 +189,137 @@ class ProxyHandler:
         if sampling.asked is not None:
             self.metrics.sampling_overridden.inc()
 
-        # No await between this check and enter(): a call either sees the pause or is counted in flight.
-        if self.pause.paused:
-            self.metrics.rejected_paused.inc()
-            raise Refused(
-                429,
-                "gateway paused",
-                headers={"retry-after": str(self.pause.retry_after_seconds), "x-agl-paused": "true"},
-                reason=self.pause.reason,
-            )
-        if not self.upstreams.urls:
-            raise _no_upstream(self.config.retry_after_seconds)
-        self.pause.enter()
-        self.metrics.inflight.inc()
-        try:
-            forwarded = request_overrides(
-                body,
-                endpoint=endpoint,
-                model=self.model,
-                capture=self.config.capture_token_ids and mode == "train",
-            )
-            request_bytes = json.dumps(forwarded).encode()
-            call_started = time.time()
-            status, content_type, response = await self._forward(endpoint, request_bytes)
-            self.store.record_call(
-                rollout_id,
-                CapturedCall(
-                    attempt_id=attempt_id,
-                    path=endpoint,
-                    status=status,
-                    latency_seconds=time.time() - call_started,
-                    model_version=self.pause.model_version,
-                    request_body=request_bytes,
-                    response_body=response,
-                    started_at=call_started,
-                    agent_sampling=sampling.asked,
-                ),
-            )
-        finally:
-            self.metrics.inflight.dec()
-            self.pause.leave()
+        forwarded = request_overrides(
+            body,
+            endpoint=endpoint,
+            model=self.model,
+            capture=self.config.capture_token_ids and mode == "train",
+        )
+        request_bytes = json.dumps(forwarded).encode()
+        while True:
+            if self.pause.paused or not self.upstreams.urls:
+                await self._wait_until_open(receive)  # Reject mode raises at once
+                # Released. The rollout may have ended meanwhile (cancelled as stale, timed out): do not
+                # generate for it. Then check the pause again (a new one may have begun before this ran).
+                self._check_rollout(rollout_id, attempt_id)
+                continue
+            # No await between this check and enter(): a call either sees the pause or is counted in flight.
+            self.pause.enter()
+            self.metrics.inflight.inc()
+            try:
+                model_version = self.pause.model_version
+                call_started = time.time()
+                answer = await self._forward_unless_aborted(endpoint, request_bytes)
+                if answer is not None:
+                    status, content_type, response = answer
+                    self.store.record_call(
+                        rollout_id,
+                        CapturedCall(
+                            attempt_id=attempt_id,
+                            path=endpoint,
+                            status=status,
+                            latency_seconds=time.time() - call_started,
+                            model_version=model_version,
+                            request_body=request_bytes,
+                            response_body=response,
+                            started_at=call_started,
+                            agent_sampling=sampling.asked,
+                        ),
+                    )
+            finally:
+                self.metrics.inflight.dec()
+                self.pause.leave()
+            if answer is not None:
+                break
+            # Aborted by a pause: nothing was captured. Hold re-issues it after the resume (the loop parks
+            # it, since the gateway is paused); Reject answers like a call that arrived during the pause.
+            self.metrics.aborted.inc()
+            if self.config.pause_mode is PauseMode.REJECT:
+                raise self._refusal()
         await _send_bytes(send, status, response, content_type)
         return status
+
+    def _check_rollout(self, rollout_id: str, attempt_id: str) -> None:
+        """The rollout exists, has not ended, and `attempt_id` is its attempt; else the refusal."""
+        rollout = self.store.find(rollout_id)
+        if rollout is None:
+            raise Refused(404, "unknown rollout", rollout_id=rollout_id)
+        if rollout.state.is_terminal:
+            raise Refused(
+                409,
+                "rollout already finished",
+                rejection_reason="rollout_finished",
+                rollout_id=rollout_id,
+                state=rollout.state.value,
+            )
+        try:
+            check_attempt(rollout, attempt_id)
+        except UnknownAttempt as error:
+            raise Refused(
+                404, str(error), rejection_reason="unknown_attempt", rollout_id=rollout_id
+            ) from error
+
+    def release_held(self) -> int:
+        """Forward the held calls, in arrival order, if the gateway is open (resumed, an upstream known)."""
+        if self.pause.paused or not self.upstreams.urls:
+            return 0
+        return self.held.release_all()
+
+    def _refusal(self) -> Refused:
+        """What a call that cannot be forwarded now gets in Reject mode (and a held call past its bounds)."""
+        if self.pause.paused:
+            self.metrics.rejected_paused.inc()
+            seconds = self.pause.retry_after_seconds
+            return Refused(
+                429,
+                "gateway paused",
+                headers={
+                    "retry-after": header_seconds(seconds),
+                    "x-agl-paused": "true",
+                    "retry-after-ms": str(round(seconds * 1000)),
+                },
+                reason=self.pause.reason,
+            )
+        return _no_upstream(self.config.retry_after_seconds)
+
+    async def _wait_until_open(self, receive: Receive) -> None:
+        """Hold the call until the gateway is open again, or raise the refusal (Reject, or past the bounds).
+
+        A client that disconnects while held leaves the queue (its call is never forwarded nor captured).
+        """
+        if self.config.pause_mode is PauseMode.REJECT:
+            raise self._refusal()
+        self.metrics.held_total.inc()
+        held = asyncio.ensure_future(self.held.wait())
+        disconnect = asyncio.ensure_future(receive())  # the body is read: the next message is the disconnect
+        try:
+            await asyncio.wait({held, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnect.cancel()
+            if not held.done():
+                held.cancel()
+        if held.cancelled():
+            raise ClientGone()
+        try:
+            self.metrics.hold_wait.observe(held.result())
+        except HoldRefused as refused:
+            self.metrics.hold_wait.observe(refused.waited_seconds)
+            self.metrics.hold_refusals.labels(refused.reason.value).inc()
+            raise self._refusal() from refused
+
+    async def _forward_unless_aborted(self, endpoint: str, body: bytes) -> tuple[int, str, bytes] | None:
+        """`_forward`, registered so a pause with abort can cancel it; None when it was aborted."""
+        forward = asyncio.ensure_future(self._forward(endpoint, body))
+        self.pause.forwards.add(forward)
+        try:
+            return await forward
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this handler itself is being cancelled (shutdown): not an abort
+            return None
+        finally:
+            self.pause.forwards.discard(forward)
 
     async def _forward(self, endpoint: str, body: bytes) -> tuple[int, str, bytes]:
         assert self.session is not None, "ProxyHandler.start() was not called"
@@ -269,11 +357,14 @@ class ProxyHandler:
         raise Refused(502, "upstream unavailable", detail=last_error, attempts=attempts)
 
 
-def _no_upstream(retry_after_seconds: int) -> Refused:
+def _no_upstream(retry_after_seconds: float) -> Refused:
     return Refused(
         503,
         "no upstream registered",
-        headers={"retry-after": str(retry_after_seconds)},
+        headers={
+            "retry-after": header_seconds(retry_after_seconds),
+            "retry-after-ms": str(round(retry_after_seconds * 1000)),
+        },
         detail="no inference server is registered yet; the trainer registers them with PUT /api/upstreams "
         "once they are up (or start the gateway with --upstream)",
     )

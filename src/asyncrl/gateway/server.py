@@ -10,14 +10,17 @@ from pathlib import Path
 
 from asyncrl.gateway.app import build_gateway
 from asyncrl.gateway.config import (
+    DEFAULT_HOLD_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_HELD_CALLS,
     DEFAULT_MAX_JSON_DEPTH,
     KEY_ENV_VAR,
     MAX_JSON_DEPTH_CEILING,
     GatewayConfig,
 )
 from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
+from asyncrl.pausing import PauseMode
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +39,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-file", type=Path, help=f"file holding the gateway key (or set {KEY_ENV_VAR})")
     parser.add_argument(
         "--retry-after-seconds",
-        type=int,
+        type=float,
         default=5,
-        help="Retry-After while paused or while no upstream is registered (default 5)",
+        help="Retry-After (fractions allowed, also sent as retry-after-ms) when a call is refused while "
+        "paused or while no upstream is registered (default 5)",
+    )
+    pauses = parser.add_argument_group(
+        "pauses (see docs/tuning-the-window.md)",
+        "What a model call that arrives during a weight update (or before any upstream) gets.",
+    )
+    pauses.add_argument(
+        "--pause-mode",
+        choices=["hold", "reject"],
+        default="hold",
+        help="hold: the call waits in the gateway and is forwarded at the resume (the agent sees one slow "
+        "answer); reject: 429 + Retry-After + X-Agl-Paused at once, Agent Lightning's contract "
+        "(default hold)",
+    )
+    pauses.add_argument(
+        "--hold-timeout-seconds",
+        type=float,
+        default=DEFAULT_HOLD_TIMEOUT_SECONDS,
+        metavar="S",
+        help="a call held this long gets the 429 it would have had "
+        f"(default {DEFAULT_HOLD_TIMEOUT_SECONDS:g})",
+    )
+    pauses.add_argument(
+        "--max-held-calls",
+        type=int,
+        default=DEFAULT_MAX_HELD_CALLS,
+        metavar="N",
+        help=f"calls held at once; more get 429 (default {DEFAULT_MAX_HELD_CALLS})",
     )
     parser.add_argument(
         "--upstream-timeout-seconds", type=float, default=600.0, help="per model call (default 600)"
@@ -113,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             key=SecretStr(read_key(args.key_file)),
             retry_after_seconds=args.retry_after_seconds,
+            pause_mode=PauseMode.from_flag(args.pause_mode),
+            hold_timeout_seconds=args.hold_timeout_seconds,
+            max_held_calls=args.max_held_calls,
             upstream_timeout_seconds=args.upstream_timeout_seconds,
             max_body_bytes=args.max_body_bytes,
             max_json_depth=args.max_json_depth,
@@ -132,7 +166,14 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     gc.set_threshold(10_000, 20, 10)
     upstreams = ", ".join(config.upstreams) or "no upstream yet (register with PUT /api/upstreams)"
-    logger.info("gateway on %s:%d → %s (model %s)", args.host, args.port, upstreams, config.model)
+    logger.info(
+        "gateway on %s:%d → %s (model %s, pause mode %s)",
+        args.host,
+        args.port,
+        upstreams,
+        config.model,
+        config.pause_mode.value,
+    )
     uvicorn.run(
         gateway.asgi,
         host=args.host,

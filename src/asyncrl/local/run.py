@@ -247,7 +247,7 @@ async def run_locally(args: argparse.Namespace) -> int:
             "gateway",
             f"--port={gateway_port}",
             f"--model={run.spec.model.name}",
-            f"--retry-after-seconds={run.spec.gateway.retry_after_seconds}",
+            *run.spec.gateway.pause_flags(),
             *sampling_args(run.spec.gateway.sampling_params, run.spec.trainer.rollout_sampling()),
             "--log-level=warning",
         ],

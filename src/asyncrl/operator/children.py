@@ -141,7 +141,7 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
             f"--port={port}",
             f"--model={spec.model.name}",
             f"--key-file={KEY_DIR}/{secret_key}",
-            f"--retry-after-seconds={spec.gateway.retry_after_seconds}",
+            *spec.gateway.pause_flags(),
             *sampling_args(spec.gateway.sampling_params, spec.trainer.rollout_sampling()),
         ],
         "ports": [{"name": "gateway", "containerPort": port}],

@@ -6,6 +6,7 @@ level and a text completion inside each choice (vLLM's `CompletionResponseChoice
 per choice; fields vLLM leaves empty are present as null. It records the sampling settings of the last
 request (`GET /stats`), so tests can see what the gateway forwarded. Test knobs ride in
 the request body: `fake_delay_seconds` (sleep before answering) and `fake_status` (answer with that status).
+`/stats` counts calls and the `disconnects` of clients that left while a call slept.
 Run it with `python -m asyncrl.testing.fake_upstream --port P`.
 """
 
@@ -82,7 +83,7 @@ def completion(body: dict[str, Any], *, chat: bool, calls: int) -> dict[str, Any
 
 
 def build_app(default_delay_seconds: float = 0.0) -> web.Application:
-    state: dict[str, Any] = {"calls": 0, "last_model": None, "last_sampling": None}
+    state: dict[str, Any] = {"calls": 0, "last_model": None, "last_sampling": None, "disconnects": 0}
 
     async def handle(request: web.Request) -> web.Response:
         body = await request.json()
@@ -91,7 +92,11 @@ def build_app(default_delay_seconds: float = 0.0) -> web.Application:
         state["last_sampling"] = {name: body.get(name) for name in ("temperature", "top_p", "top_k")}
         delay = float(body.get("fake_delay_seconds", default_delay_seconds))
         if delay > 0:
-            await asyncio.sleep(delay)
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:  # the client went away mid-call (e.g. an aborting gateway)
+                state["disconnects"] = int(state["disconnects"] or 0) + 1
+                raise
         if "fake_status" in body:
             return web.json_response({"error": "fake failure"}, status=int(body["fake_status"]))
         chat = request.path.endswith("chat/completions")
@@ -113,7 +118,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay-seconds", type=float, default=0.0)
     args = parser.parse_args()
-    web.run_app(build_app(args.delay_seconds), host=args.host, port=args.port, print=None, access_log=None)
+    web.run_app(
+        build_app(args.delay_seconds),
+        host=args.host,
+        port=args.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,  # a disconnect cancels the handler, so `disconnects` counts it
+    )
 
 
 if __name__ == "__main__":

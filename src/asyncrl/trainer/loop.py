@@ -27,6 +27,7 @@ import httpx
 
 from asyncrl.gateway.client import GatewayClient, GatewayError, PauseResult
 from asyncrl.gateway.models import CompletionEntry, RolloutCreate, WindowSummary
+from asyncrl.pausing import DrainPolicy
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
@@ -64,7 +65,8 @@ class LoopSettings:
     total_steps: int | None  # None: one pass over the data
     checkpoint_dir: Path | None
     checkpoint_every_steps: int
-    retry_after_seconds: int = 5
+    retry_after_seconds: float = 5
+    drain_policy: DrainPolicy = DrainPolicy.ABORT  # cancel calls in flight at the pause, or wait for them
     drain_timeout_seconds: float = 300.0
     gateway_wait_seconds: float = 300.0  # how long an unreachable gateway is waited for, each time
     max_failed_steps: int | None = 3  # consecutive steps with nothing to train before the run fails
@@ -278,7 +280,9 @@ class StepLoop:
         update = await self._update(prepared.rows, step)
         drain = prepared.drain
         summary = batch.summary.with_drain(
-            inflight_at_pause=drain.inflight_at_pause, drain_seconds=drain.drain_seconds
+            inflight_at_pause=drain.inflight_at_pause,
+            drain_seconds=drain.drain_seconds,
+            aborted_calls=drain.aborted,
         )
         consumed_ids = [rollout_id for group in batch.consumed for rollout_id in group.rollout_ids]
         metrics = {
@@ -317,13 +321,15 @@ class StepLoop:
         for rollout_id in consumed_ids:
             self._timings.pop(rollout_id, None)
         logger.info(
-            "step %d: reward %.3f, completed %d, carried %d (max age %d), drain %.3fs, step %.1fs",
+            "step %d: reward %.3f, completed %d, carried %d (max age %d), drain %.3fs (%d aborted), "
+            "step %.1fs",
             step,
             metrics["training/reward_mean"],
             summary.n_completed_rollouts,
             summary.n_new_carry_over_rollouts,
             summary.new_carry_over_age_max_steps,
             summary.proxy_drain_seconds,
+            summary.proxy_aborted_calls,
             metrics["timing/step_seconds"],
         )
         self._count_failed_step(step, batch.consumed, n_rows=len(prepared.rows))
@@ -364,11 +370,14 @@ class StepLoop:
             if self._data_exhausted() and not self._can_still_complete():
                 return None
             await self._consume_completions()
+            if window.config.refills and not window.ready_for_update():
+                await self._draw(step)  # keep windowSize groups unfinished while collecting
         wait_started = time.monotonic()
         drain = await self.gateway.pause(
             reason=f"weight update, step {step}",
             retry_after_seconds=self.settings.retry_after_seconds,
             wait_seconds=self.settings.drain_timeout_seconds,
+            abort=self.settings.drain_policy is DrainPolicy.ABORT,
         )
         if not drain.drained:
             logger.warning(

@@ -191,6 +191,7 @@ async def train(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every_steps=spec.trainer.checkpoint.every_steps,
         retry_after_seconds=spec.gateway.retry_after_seconds,
+        drain_policy=spec.gateway.drain_policy,
         max_failed_steps=spec.max_failed_steps,
     )
     prompts = PromptSource(rows_of(run, args.data_file), shuffle=spec.data.shuffle, seed=spec.data.seed)

@@ -53,6 +53,12 @@ class WindowConfig(BaseModel):
     staleness_policy: StalenessPolicy = Field(
         default=StalenessPolicy.CANCEL, description="What happens to groups older than the maximum age."
     )
+    refill_during_collection: bool = Field(
+        default=False,
+        description="Async: draw a new group whenever one completes, so window_size groups stay unfinished "
+        "while a step collects (finished ones wait for the update beside them); off, the window is refilled "
+        "only when a step begins.",
+    )
 
     @model_validator(mode="after")
     def _async_window_exceeds_train_batch(self) -> Self:
@@ -69,10 +75,23 @@ class WindowConfig(BaseModel):
 
     @property
     def window_size(self) -> int:
-        """Prompt groups the window holds at most: windowSize in async mode, else trainBatchSize."""
+        """Unfinished groups the window keeps: windowSize in async mode, else trainBatchSize."""
         if self.async_enabled and self.async_window_size is not None:
             return self.async_window_size
         return self.train_batch_size
+
+    @property
+    def refills(self) -> bool:
+        """Whether the window is refilled during collection (async mode with refill_during_collection)."""
+        return self.async_enabled and self.refill_during_collection
+
+    @property
+    def max_groups(self) -> int:
+        """Groups the window holds at most. Refilled during collection it keeps window_size unfinished ones
+        and fewer than trainBatchSize finished ones beside them (with that many the update runs instead)."""
+        if self.refills:
+            return self.window_size + self.train_batch_size - 1
+        return self.window_size
 
 
 @dataclass
@@ -145,11 +164,17 @@ class StepSummary:
     n_failed_rollouts_consumed: int  # failed, timed-out or cancelled rollouts in consumed groups
     proxy_inflight_at_pause: int = 0
     proxy_drain_seconds: float = 0.0
+    proxy_aborted_calls: int = 0  # calls in flight at the pause cancelled upstream (drain policy Abort)
 
-    def with_drain(self, *, inflight_at_pause: int, drain_seconds: float) -> StepSummary:
+    def with_drain(
+        self, *, inflight_at_pause: int, drain_seconds: float, aborted_calls: int = 0
+    ) -> StepSummary:
         """This summary with the gateway's pause-and-drain measurements filled in."""
         return dataclasses.replace(
-            self, proxy_inflight_at_pause=inflight_at_pause, proxy_drain_seconds=drain_seconds
+            self,
+            proxy_inflight_at_pause=inflight_at_pause,
+            proxy_drain_seconds=drain_seconds,
+            proxy_aborted_calls=aborted_calls,
         )
 
     def metrics(self) -> dict[str, float]:
@@ -161,6 +186,7 @@ class StepSummary:
             "new_carry_over_age_max_steps": self.new_carry_over_age_max_steps,
             "proxy_inflight_at_pause": self.proxy_inflight_at_pause,
             "proxy_drain_seconds": self.proxy_drain_seconds,
+            "proxy_aborted_calls": self.proxy_aborted_calls,
             "n_stale_groups_cancelled": self.n_stale_groups_cancelled,
             "n_stale_groups_kept": self.n_stale_groups_kept,
             "n_failed_rollouts_consumed": self.n_failed_rollouts_consumed,
@@ -269,11 +295,23 @@ class RolloutWindow:
         self._n_stale_groups_cancelled += len(stale)
         return stale
 
+    @property
+    def n_unfinished_groups(self) -> int:
+        return len(self._groups) - self.n_complete_groups
+
     def groups_to_draw(self) -> int:
-        """New prompt groups to draw now: fill the async window; sync mode draws a batch into an empty one."""
-        if self._config.async_enabled:
-            return max(0, self._config.window_size - len(self._groups))
-        return self._config.train_batch_size if not self._groups else 0
+        """New prompt groups to draw now: fill the async window; sync mode draws a batch into an empty one.
+
+        Refilled during collection, the window is filled up to window_size unfinished groups (within
+        max_groups), so call this again after completions; otherwise only when a step begins.
+        """
+        config = self._config
+        if config.refills:
+            room = config.max_groups - len(self._groups)
+            return max(0, min(config.window_size - self.n_unfinished_groups, room))
+        if config.async_enabled:
+            return max(0, config.window_size - len(self._groups))
+        return config.train_batch_size if not self._groups else 0
 
     def add_group(self, *, group_id: str, rollout_ids: Iterable[str], step: int) -> Group:
         """Enqueue a new prompt group of exactly `samples_per_prompt` rollouts during the begun `step`."""
@@ -381,9 +419,9 @@ class RolloutWindow:
         taken = [rollout_id for rollout_id in group.rollout_ids if rollout_id in self._group_of_rollout]
         if taken:
             raise ValueError(f"group {group.group_id}: rollouts {taken} are already in the window")
-        if len(self._groups) >= self._config.window_size:
+        if len(self._groups) >= self._config.max_groups:
             raise ValueError(
-                f"cannot add group {group.group_id}: the window is full ({self._config.window_size} groups)"
+                f"cannot add group {group.group_id}: the window is full ({self._config.max_groups} groups)"
             )
         self._groups[group.group_id] = group
         for rollout_id in group.rollout_ids:

@@ -35,6 +35,7 @@ from asyncrl.api.types.rules import (
 )
 from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
 from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
+from asyncrl.pausing import DrainPolicy, PauseMode
 from asyncrl.trainer.window import StalenessPolicy, WindowConfig
 
 
@@ -184,6 +185,15 @@ class AsyncSpec(ApiModel):
             "Unset: groups are carried over however old."
         ),
     )
+    refill_during_collection: bool = Field(
+        strict=True,
+        default=True,
+        description=(
+            "Draw a new prompt group each time one finishes, so windowSize groups keep generating "
+            "while a step collects (finished ones wait for the update beside them); off, the window is "
+            "refilled only when a step begins. On costs some staleness (groups are consumed older)."
+        ),
+    )
     staleness_policy: StalenessPolicy = Field(
         default=StalenessPolicy.CANCEL,
         description=(
@@ -324,11 +334,45 @@ class GatewaySpec(ApiModel):
         default=None,
         description="Secret key holding the gateway key; unset, the operator generates a Secret for the run.",
     )
-    retry_after_seconds: int = Field(
+    pause_mode: PauseMode = Field(
+        default=PauseMode.HOLD,
+        description=(
+            "What a model call arriving during a weight update gets. `Hold`: it waits in the gateway and "
+            "is forwarded at the resume, so any agent (the OpenAI SDK at its defaults too) sees one slower "
+            "answer. `Reject`: HTTP 429 + Retry-After + X-Agl-Paused at once (Agent Lightning's contract); "
+            "the agent must retry until the update ends."
+        ),
+    )
+    drain_policy: DrainPolicy = Field(
+        default=DrainPolicy.ABORT,
+        description=(
+            "What happens to model calls in flight when an update begins. `Abort`: cancelled upstream at "
+            "once so the update does not wait; with `Hold` they are re-issued after the update (only the "
+            "re-issue is trained on), with `Reject` they get 429. `Wait`: the update waits until they finish."
+        ),
+    )
+    hold_timeout_seconds: int = Field(
+        strict=True,
+        default=900,
+        ge=1,
+        description="Hold mode: a call held this long gets the 429 it would have had in Reject mode.",
+    )
+    max_held_calls: int = Field(
+        strict=True,
+        default=10_000,
+        ge=1,
+        description="Hold mode: model calls held at once; one more gets 429 at once.",
+    )
+    retry_after_seconds: float = Field(
         strict=True,
         default=5,
-        ge=1,
-        description="Retry-After sent with HTTP 429 to model calls during a weight update.",
+        ge=0.001,
+        le=3600,
+        description=(
+            "Retry-After (fractions allowed; also sent as retry-after-ms) with HTTP 429 to model calls "
+            "refused during a weight update: every such call in Reject mode, a held call past its bounds in "
+            "Hold mode."
+        ),
     )
     sampling_params: SamplingParamsPolicy = Field(
         default=SamplingParamsPolicy.ENFORCE,
@@ -346,6 +390,15 @@ class GatewaySpec(ApiModel):
         pattern=r"^https?://\S+$",
         description="Gateway URL given to agents instead of the Service's, for agents that cannot reach it.",
     )
+
+    def pause_flags(self) -> list[str]:
+        """`asyncrl gateway` flags for these pause settings (the operator's sidecar and local mode)."""
+        return [
+            f"--retry-after-seconds={self.retry_after_seconds:.3f}",
+            f"--pause-mode={self.pause_mode.value.lower()}",
+            f"--hold-timeout-seconds={self.hold_timeout_seconds}",
+            f"--max-held-calls={self.max_held_calls}",
+        ]
 
 
 class AgentTemplateSpec(ApiModel):
@@ -490,6 +543,7 @@ class AsyncTrainingRunSpec(ApiModel):
                 async_window_size=self.async_.window_size,
                 max_carry_over_age_steps=self.async_.max_carry_over_age_steps,
                 staleness_policy=self.async_.staleness_policy,
+                refill_during_collection=self.async_.refill_during_collection,
             )
         except ValidationError as error:
             messages = "; ".join(

@@ -107,6 +107,7 @@ SEED_METRIC_FIELDS: Mapping[str, str] = {
     "training/async/new_carry_over_age_max_steps": "carry_over_age_max_steps",
     "training/async/proxy_inflight_at_pause": "proxy_inflight_at_pause",
     "training/async/proxy_drain_seconds": "proxy_drain_seconds",
+    "training/async/proxy_aborted_calls": "proxy_aborted_calls",
 }
 
 
@@ -144,6 +145,11 @@ class AsyncTrainingRunStatus(ApiModel):
     )
     proxy_drain_seconds: float | None = Field(
         default=None, ge=0, description="Seconds the gateway took to drain them."
+    )
+    proxy_aborted_calls: int | None = Field(
+        default=None,
+        ge=0,
+        description="Of those, calls cancelled at the pause (drain policy Abort); Hold re-issues them.",
     )
     carry_over_age_histogram: dict[str, int] | None = Field(
         default=None, description="Carried-over groups by age in updates, after the last update."
