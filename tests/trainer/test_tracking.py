@@ -18,9 +18,21 @@ from tests.support.wandb_log import history
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = [
-    {"training/reward_mean": 0.25, "training/async/n_new_carry_over_rollouts": 2.0, "timing/step_seconds": 1.5},
-    {"training/reward_mean": 0.5, "training/async/n_new_carry_over_rollouts": 0.0, "timing/step_seconds": 1.25},
-    {"training/reward_mean": 0.75, "training/async/n_new_carry_over_rollouts": 4.0, "timing/step_seconds": 1.0},
+    {
+        "training/reward_mean": 0.25,
+        "training/async/n_new_carry_over_rollouts": 2.0,
+        "timing/step_seconds": 1.5,
+    },
+    {
+        "training/reward_mean": 0.5,
+        "training/async/n_new_carry_over_rollouts": 0.0,
+        "timing/step_seconds": 1.25,
+    },
+    {
+        "training/reward_mean": 0.75,
+        "training/async/n_new_carry_over_rollouts": 4.0,
+        "timing/step_seconds": 1.0,
+    },
 ]
 
 
@@ -84,7 +96,9 @@ def test_disabled_wandb_still_writes_tensorboard_and_leaves_no_wandb_run(
     sinks.log(0, STEPS[0])
     sinks.close()
     assert not (tmp_path / "wandb-runs" / "wandb").exists()
-    assert _tensorboard_scalars(tmp_path / "wandb-runs" / "tensorboard")["training/reward_mean"] == [(0, 0.25)]
+    assert _tensorboard_scalars(tmp_path / "wandb-runs" / "tensorboard")["training/reward_mean"] == [
+        (0, 0.25)
+    ]
 
 
 class _BrokenSink(JsonLinesSink):
@@ -106,3 +120,18 @@ def test_a_failing_sink_is_skipped_and_the_others_still_log(tmp_path: Path) -> N
     sinks.close()
     assert broken.calls == len(STEPS)
     assert len((tmp_path / "kept.jsonl").read_text().splitlines()) == len(STEPS)
+
+
+def test_a_taken_metrics_port_turns_prometheus_off_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run = load_run(yaml.safe_load((REPO / "examples" / "quickstart-local.yaml").read_text()))
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        sinks = build_sinks(run, _args(tmp_path, metrics_port=int(taken.getsockname()[1])))
+    sinks.log(0, STEPS[0])
+    sinks.close()
+    assert [type(sink).__name__ for sink in sinks.sinks] == ["JsonLinesSink", "VerlTrackingSink"]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1

@@ -144,8 +144,11 @@ def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks
         from prometheus_client import start_http_server
 
         prometheus = PrometheusSink()
-        start_http_server(args.metrics_port, registry=prometheus.registry)
-        sinks.append(prometheus)
+        try:
+            start_http_server(args.metrics_port, registry=prometheus.registry)
+            sinks.append(prometheus)
+        except OSError as error:  # a taken port costs the scrape endpoint, not the run
+            logger.warning("Prometheus metrics are off: port %d: %s", args.metrics_port, error)
     wandb = run.spec.logging.wandb
     modes: dict[str, TrackingMode] = {"online": "online", "offline": "offline", "disabled": "disabled"}
     given = os.environ.get("WANDB_MODE", wandb.mode.wandb_mode)
