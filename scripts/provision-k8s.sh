@@ -154,12 +154,30 @@ provision_etcd() {
   etcd_from_go
 }
 
+# helm's own Makefile stamps the Kubernetes version of its client-go (client-go v0.37 -> 1.37) into the binary;
+# a plain `go install` leaves helm's fallback, v1.20, which `helm template` and `helm lint` then assume and
+# which is below the chart's kubeVersion (>=1.29). Stamped like a release, `helm template` needs no
+# --kube-version. The stamp is recorded next to the binary, so an unstamped helm from an older run is rebuilt.
 provision_helm() {
-  if have_bin helm; then step "helm present in $BIN_DIR"; return; fi
+  local stamp_file="$BIN_DIR/.helm-stamp"
+  if have_bin helm && [ -s "$stamp_file" ]; then step "helm present in $BIN_DIR ($(cat "$stamp_file"))"; return; fi
   require_go
-  step "building helm v$HELM_VERSION (go install helm.sh/helm/v3/cmd/helm)"
-  GOBIN="$BIN_DIR" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
-    "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION" >&2
+  local module client_go helm_k8s_major helm_k8s_minor
+  module=$(go mod download -json "helm.sh/helm/v3@v$HELM_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+  [ -n "$module" ] && [ -f "$module" ] || die "cannot download helm v$HELM_VERSION's go.mod"
+  client_go=$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "$module")
+  [ -n "$client_go" ] || die "helm v$HELM_VERSION's go.mod names no k8s.io/client-go"
+  client_go="${client_go#v}"
+  helm_k8s_major=$(( ${client_go%%.*} + 1 ))
+  helm_k8s_minor="${client_go#*.}"; helm_k8s_minor="${helm_k8s_minor%%.*}"
+  step "building helm v$HELM_VERSION (go install helm.sh/helm/v3/cmd/helm), stamped Kubernetes v$helm_k8s_major.$helm_k8s_minor"
+  local ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION"
+  local package
+  for package in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ldflags="$ldflags -X $package.k8sVersionMajor=$helm_k8s_major -X $package.k8sVersionMinor=$helm_k8s_minor"
+  done
+  GOBIN="$BIN_DIR" go install -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION" >&2
+  echo "helm v$HELM_VERSION, Kubernetes v$helm_k8s_major.$helm_k8s_minor" > "$stamp_file"
 }
 
 start=$(date +%s)

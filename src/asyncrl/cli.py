@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from asyncrl import __version__
 
@@ -39,6 +40,23 @@ def _crd(args: argparse.Namespace) -> int:
     from asyncrl.api.crd import run
 
     return run(args)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from asyncrl.plot import run
+
+    return run(args)
+
+
+def add_plot_command(commands: Any) -> None:
+    """`asyncrl plot METRICS.jsonl`: reward, carry-over and step time per step, as a PNG."""
+    from asyncrl.plot import add_arguments as plot_arguments
+
+    plot = commands.add_parser(
+        "plot", help="draw a run's metrics file (reward, carry-over, step time) as a PNG"
+    )
+    plot_arguments(plot)
+    plot.set_defaults(handler=_plot)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     crd_arguments(crd)
     crd.set_defaults(handler=_crd)
+    add_plot_command(commands)
     return parser
 
 

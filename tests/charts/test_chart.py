@@ -292,6 +292,65 @@ def test_values_are_checked_against_the_schema(helm: list[str], helm_env: dict[s
     assert "serviceMonitor.enabled needs metrics.enabled" in orphan_monitor.stderr
 
 
+def test_more_than_one_replica_is_refused_and_says_why(helm: list[str], helm_env: dict[str, str]) -> None:
+    args = ["template", "asyncrl", str(CHART), f"--kube-version={KUBE_VERSION}"]
+    two = _helm(helm, helm_env, *args, *_values(replicas=2), check=False)
+    assert two.returncode != 0
+    assert "replicas: at most 1" in two.stderr
+    assert "leader election" in two.stderr
+    negative = _helm(helm, helm_env, *args, *_values(replicas=-1), check=False)
+    assert negative.returncode != 0
+    assert "replicas" in negative.stderr
+    stopped = one(documents(render(helm, helm_env, replicas=0)), "Deployment")
+    assert stopped["spec"]["replicas"] == 0
+
+
+def test_security_contexts_and_env_are_values_merged_into_the_restricted_defaults(
+    helm: list[str], helm_env: dict[str, str]
+) -> None:
+    args = ["template", "asyncrl", str(CHART), f"--kube-version={KUBE_VERSION}"]
+    docs = documents(
+        _helm(
+            helm,
+            helm_env,
+            *args,
+            *_values(
+                **{
+                    "podSecurityContext.fsGroup": 2000,
+                    "securityContext.readOnlyRootFilesystem": None,
+                    "env": [
+                        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                    ],
+                }
+            ),
+        ).stdout
+    )
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "fsGroup": 2000,
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    (container,) = pod["containers"]
+    assert "readOnlyRootFilesystem" not in container["securityContext"]  # null drops a default
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert [variable["name"] for variable in container["env"]] == ["PYTHONUNBUFFERED", "HTTPS_PROXY", "TOKEN"]
+    assert container["env"][2]["valueFrom"] == {"secretKeyRef": {"name": "s", "key": "k"}}
+
+
+def test_an_env_entry_without_a_name_is_rejected_by_the_schema(
+    helm: list[str], helm_env: dict[str, str]
+) -> None:
+    args = ["template", "asyncrl", str(CHART), f"--kube-version={KUBE_VERSION}"]
+    nameless = _helm(helm, helm_env, *args, *_values(env=[{"value": "1"}]), check=False)
+    assert nameless.returncode != 0
+    assert "/env/0" in nameless.stderr
+    assert "name" in nameless.stderr
+
+
 # -- against the control plane ----------------------------------------------------------------------------
 
 

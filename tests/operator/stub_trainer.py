@@ -35,6 +35,7 @@ async def main() -> int:
     parser.add_argument("--gateway-url", required=True)
     parser.add_argument("--inference-port", type=int, default=0)
     parser.add_argument("--checkpoint-dir", default="")
+    parser.add_argument("--metrics-port", type=int, default=0)  # the real trainer serves Prometheus there
     args = parser.parse_args()
     run = yaml.safe_load(Path(args.config).read_text())
     spec = run["spec"]

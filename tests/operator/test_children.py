@@ -63,3 +63,24 @@ def test_every_child_is_owned_by_the_run() -> None:
         (owner,) = child["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["uid"], owner["controller"]) == ("AsyncTrainingRun", "uid-1", True)
         assert child["metadata"]["namespace"] == "team"
+
+
+def test_the_trainer_serves_prometheus_metrics_and_the_service_and_pod_say_where() -> None:
+    run, spec = _run()
+    job = children.trainer_job(run, spec)
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-port=9400" in trainer["args"]
+    assert {"name": "metrics", "containerPort": 9400} in trainer["ports"]
+    service = children.gateway_service(run, spec)
+    assert {"name": "metrics", "port": 9400, "targetPort": "metrics"} in service["spec"]["ports"]
+    for annotated in (job["spec"]["template"]["metadata"], service["metadata"]):
+        assert annotated["annotations"]["prometheus.io/scrape"] == "true"
+        assert annotated["annotations"]["prometheus.io/port"] == "9400"
+
+
+def test_a_gateway_on_the_metrics_port_moves_the_trainer_metrics_aside() -> None:
+    run, spec = _run(gateway={"port": 9400})
+    (trainer,) = children.trainer_job(run, spec)["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-port=9401" in trainer["args"]
+    ports = [port["port"] for port in children.gateway_service(run, spec)["spec"]["ports"]]
+    assert ports == [9400, 9401]

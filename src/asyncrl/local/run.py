@@ -32,6 +32,7 @@ from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.gateway.sampling import sampling_args
 from asyncrl.local.agents import LocalAgents
+from asyncrl.plot import plot_hint
 from asyncrl.testing.controlplane import free_port
 from asyncrl.trainer.failures import EXIT_CONFIG_ERROR, PERMANENT_EXIT_CODES
 
@@ -299,6 +300,7 @@ async def run_locally(args: argparse.Namespace) -> int:
                 gateway_done.result()  # raises RunFailed
             code = trainer_done.result()
             out.write(f"trainer finished with exit code {code}; metrics and logs in {work_dir}\n")
+            out.write(plot_hint(args.metrics_file))
             return code
     except RunFailed as error:
         out.write(f"asyncrl local run: {error}; stopping the run\n")

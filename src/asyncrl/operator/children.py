@@ -28,6 +28,17 @@ CHECKPOINT_DIR = "/var/lib/asyncrl/checkpoints"
 DATA_DIR = "/etc/asyncrl/data"
 RUN_FILE = "run.yaml"
 TEMPLATE_FILE = "agent-job.yaml.j2"
+TRAINER_METRICS_PORT = 9400  # the trainer's Prometheus endpoint (`asyncrl trainer --metrics-port`)
+
+
+def trainer_metrics_port(spec: AsyncTrainingRunSpec) -> int:
+    """The trainer's metrics port: 9400, or 9401 where the gateway (same pod, same network) took 9400."""
+    return TRAINER_METRICS_PORT if spec.gateway.port != TRAINER_METRICS_PORT else TRAINER_METRICS_PORT + 1
+
+
+def metrics_annotations(port: int) -> dict[str, str]:
+    """What annotation-based Prometheus scrape configs read (`prometheus.io/*`)."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
 
 
 def owner_reference(run: Mapping[str, Any]) -> JSON:
@@ -168,7 +179,9 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
             f"--config={CONFIG_DIR}/{RUN_FILE}",
             f"--gateway-url=http://127.0.0.1:{port}",
             f"--checkpoint-dir={CHECKPOINT_DIR}",
+            f"--metrics-port={trainer_metrics_port(spec)}",
         ],
+        "ports": [{"name": "metrics", "containerPort": trainer_metrics_port(spec)}],
         "env": env,
         "resources": resources,
         "volumeMounts": [
@@ -209,7 +222,10 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
             "suspend": spec.suspend,
             "backoffLimit": 3,
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {
+                    "labels": labels,
+                    "annotations": metrics_annotations(trainer_metrics_port(spec)),
+                },
                 "spec": {
                     # OnFailure restarts the trainer container in place; the gateway sidecar (and with it the
                     # rollout store and the window) survives, and the trainer recovers from it.
@@ -228,10 +244,16 @@ def gateway_service(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(run, names.gateway_service_name(run_name), names.COMPONENT_GATEWAY),
+        "metadata": {
+            **_metadata(run, names.gateway_service_name(run_name), names.COMPONENT_GATEWAY),
+            "annotations": metrics_annotations(trainer_metrics_port(spec)),
+        },
         "spec": {
             "selector": names.common_labels(run_name, names.COMPONENT_TRAINER),
-            "ports": [{"name": "gateway", "port": spec.gateway.port, "targetPort": "gateway"}],
+            "ports": [
+                {"name": "gateway", "port": spec.gateway.port, "targetPort": "gateway"},
+                {"name": "metrics", "port": trainer_metrics_port(spec), "targetPort": "metrics"},
+            ],
         },
     }
 

@@ -193,6 +193,7 @@ class RunController:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.gateway.close()
+            self.metrics.forget_run(namespace=self.context.namespace, name=self.context.name)
 
     # -- the gateway: calls, instance, counters -----------------------------------------------------------
 
@@ -705,6 +706,7 @@ class RunController:
             trainer_error=self._trainer_error(),
         )
         status = next_status(self._status, observation, now=datetime.now(UTC))
+        self.metrics.observe_run(namespace=self.context.namespace, name=self.context.name, status=status)
         payload = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         if payload == self._written:
             return

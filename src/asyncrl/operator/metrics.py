@@ -1,8 +1,20 @@
-"""The operator's Prometheus metrics (served by `asyncrl operator --metrics-port`)."""
+"""The operator's Prometheus metrics (served by `asyncrl operator --metrics-port`).
+
+Besides its own counters, the operator exports each run's progress as gauges labelled `namespace`/`name`,
+set from the status it writes, so one scrape of the operator shows every run: which phase (one series per
+phase, 1 for the current one, as kube-state-metrics does), the step, the prompt groups in the window and the
+oldest carry-over's age. A run's series go away when its controller stops (the run was deleted).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from asyncrl.api import AsyncTrainingRunStatus, Phase
+
+RUN_LABELS = ("namespace", "name")
 
 
 class OperatorMetrics:
@@ -27,3 +39,48 @@ class OperatorMetrics:
         self.status_writes = Counter(
             "asyncrl_operator_status_writes", "Status patches.", registry=self.registry
         )
+        self.run_phase = Gauge(
+            "asyncrl_run_phase",
+            "1 for the run's current phase, 0 for the others.",
+            [*RUN_LABELS, "phase"],
+            registry=self.registry,
+        )
+        self.run_step = Gauge(
+            "asyncrl_run_step", "The run's last finished training step.", RUN_LABELS, registry=self.registry
+        )
+        self.run_active_groups = Gauge(
+            "asyncrl_run_active_groups",
+            "Prompt groups in the run's window now.",
+            RUN_LABELS,
+            registry=self.registry,
+        )
+        self.run_carry_over_age_max_steps = Gauge(
+            "asyncrl_run_carry_over_age_max_steps",
+            "Age in steps of the oldest group carried over at the last step.",
+            RUN_LABELS,
+            registry=self.registry,
+        )
+
+    def observe_run(self, *, namespace: str, name: str, status: AsyncTrainingRunStatus) -> None:
+        """The run's gauges from the status the operator computed (a value not known yet is not exported)."""
+        for phase in Phase:
+            self.run_phase.labels(namespace, name, phase.value).set(1 if status.phase is phase else 0)
+        for gauge, value in (
+            (self.run_step, status.step),
+            (self.run_active_groups, status.active_groups),
+            (self.run_carry_over_age_max_steps, status.carry_over_age_max_steps),
+        ):
+            if value is not None:
+                gauge.labels(namespace, name).set(value)
+
+    def forget_run(self, *, namespace: str, name: str) -> None:
+        """Drop the run's series (its controller stopped: the run was deleted, or the operator stops)."""
+        for phase in Phase:
+            self._remove(self.run_phase, namespace, name, phase.value)
+        for gauge in (self.run_step, self.run_active_groups, self.run_carry_over_age_max_steps):
+            self._remove(gauge, namespace, name)
+
+    @staticmethod
+    def _remove(gauge: Gauge, *labels: str) -> None:
+        with contextlib.suppress(KeyError):  # never set
+            gauge.remove(*labels)

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import yaml
@@ -24,7 +24,13 @@ from asyncrl.trainer.backends import TrainerBackend as Backend
 from asyncrl.trainer.data import PromptSource, load_rows_file
 from asyncrl.trainer.failures import EXIT_CODES, RunFailed
 from asyncrl.trainer.loop import LoopSettings, StepLoop
-from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks, PrometheusSink, WandbSink
+from asyncrl.trainer.metrics import (
+    JsonLinesSink,
+    MetricsSinks,
+    PrometheusSink,
+    TrackingMode,
+    VerlTrackingSink,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-file", type=Path, default=None, help="one JSON object per step")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
     parser.add_argument("--wandb-dir", type=Path, default=Path("wandb-runs"), help="where W&B writes its run")
+    parser.add_argument(
+        "--tensorboard-dir",
+        type=Path,
+        default=None,
+        help="where TensorBoard's event files go (default: tensorboard/ under --wandb-dir)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -124,21 +136,21 @@ def build_reference_backend(run: AsyncTrainingRun, *, inference_port: int) -> Ba
 
 
 def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks:
-    sinks: list[JsonLinesSink | PrometheusSink | WandbSink] = []
+    """The one tracking layer: JSON lines (--metrics-file), Prometheus (--metrics-port), W&B, TensorBoard."""
+    sinks: list[JsonLinesSink | PrometheusSink | VerlTrackingSink] = []
     if args.metrics_file is not None:
         sinks.append(JsonLinesSink(args.metrics_file))
     if args.metrics_port:
         from prometheus_client import start_http_server
 
         prometheus = PrometheusSink()
-        start_http_server(args.metrics_port, registry=prometheus.registry)
-        sinks.append(prometheus)
+        try:
+            start_http_server(args.metrics_port, registry=prometheus.registry)
+            sinks.append(prometheus)
+        except OSError as error:  # a taken port costs the scrape endpoint, not the run
+            logger.warning("Prometheus metrics are off: port %d: %s", args.metrics_port, error)
     wandb = run.spec.logging.wandb
-    modes: dict[str, Literal["online", "offline", "disabled"]] = {
-        "online": "online",
-        "offline": "offline",
-        "disabled": "disabled",
-    }
+    modes: dict[str, TrackingMode] = {"online": "online", "offline": "offline", "disabled": "disabled"}
     given = os.environ.get("WANDB_MODE", wandb.mode.wandb_mode)
     if given not in modes:
         raise SystemExit(f"asyncrl trainer: WANDB_MODE={given!r}; use online, offline or disabled")
@@ -146,16 +158,19 @@ def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks
     if mode == "online" and not os.environ.get("WANDB_API_KEY"):
         logger.warning("W&B mode is online but WANDB_API_KEY is not set; logging offline instead")
         mode = "offline"
-    if mode != "disabled":
+    try:
         sinks.append(
-            WandbSink(
+            VerlTrackingSink(
                 project=wandb.project or run.name or "asyncrl",
                 name=run.name or "asyncrl-run",
-                mode=mode,
-                directory=args.wandb_dir,
+                wandb_mode=mode,
+                wandb_directory=args.wandb_dir,
+                tensorboard_directory=args.tensorboard_dir or args.wandb_dir / "tensorboard",
                 config=run.spec.to_wire(),
             )
         )
+    except Exception as error:  # a metrics backend must never stop training
+        logger.warning("W&B/TensorBoard tracking is off: %s: %s", type(error).__name__, error)
     return MetricsSinks(sinks)
 
 

@@ -1,16 +1,24 @@
-"""Where a step's metrics go: a JSON-lines file, Prometheus, and Weights & Biases (offline unless keyed).
+"""Where a step's metrics go: one tracking layer writing JSON lines, Prometheus, W&B and TensorBoard.
 
 Every step produces one flat dict keyed by metric name (`training/async/*`, `timing/rollout_*`,
 `training/update/*`, ...). The sinks only write it; what is measured is decided by the step loop.
+
+W&B and TensorBoard go through verl's own `verl.utils.tracking.Tracking` (the trainer already depends on
+verl; a verl user finds the same runs and names there). Two sinks stay ours, for reasons verl's backends
+cannot meet: the JSON-lines file must survive a trainer-container restart (verl's `file` backend opens its
+file with `"wb"`, erasing the steps already logged, and nests each record under `data`), and verl has no
+Prometheus backend. A failing sink is logged and skipped: metrics never stop training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,39 +99,70 @@ class PrometheusSink:
         pass
 
 
-class WandbSink:
-    """A W&B run; `offline` writes under `directory` (sync it later with `wandb sync`)."""
+TrackingMode = Literal["online", "offline", "disabled"]
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in os.environ for the block only: verl's Tracking reads its directories and modes there."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class VerlTrackingSink:
+    """W&B (unless `wandb_mode` is disabled) and TensorBoard, through verl's `Tracking`.
+
+    W&B `offline` writes under `wandb_directory` (sync it later with `wandb sync`); TensorBoard event files go
+    to `tensorboard_directory` (`tensorboard --logdir DIR`).
+    """
 
     def __init__(
         self,
         *,
         project: str,
         name: str,
-        mode: Literal["online", "offline", "disabled"],
-        directory: Path,
+        wandb_mode: TrackingMode,
+        wandb_directory: Path,
+        tensorboard_directory: Path,
         config: Mapping[str, Any],
     ) -> None:
-        import wandb
+        from verl.utils.tracking import Tracking
 
-        directory.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(
-            project=project,
-            name=name,
-            mode=mode,
-            dir=str(directory),
-            config=dict(config),
-            reinit="finish_previous",
-        )
+        backends = ["tensorboard"]
+        if wandb_mode != "disabled":
+            backends.append("wandb")
+            wandb_directory.mkdir(parents=True, exist_ok=True)
+        tensorboard_directory.mkdir(parents=True, exist_ok=True)
+        self.backends = tuple(backends)
+        self.tensorboard_directory = tensorboard_directory
+        environment = {
+            "WANDB_MODE": wandb_mode,
+            "WANDB_DIR": str(wandb_directory),
+            "TENSORBOARD_DIR": str(tensorboard_directory),
+        }
+        with _environment(environment):
+            # verl reads config["trainer"] (its wandb proxy); the run's spec has that key, as a mapping.
+            self._tracking = Tracking(
+                project_name=project, experiment_name=name, default_backend=backends, config=dict(config)
+            )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        self._run.log(dict(metrics), step=step)
+        self._tracking.log(data=dict(metrics), step=step)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
-        self._run.finish()
+        self._tracking.finish()
 
 
 class MetricsSinks:
-    def __init__(self, sinks: Sequence[JsonLinesSink | PrometheusSink | WandbSink]) -> None:
+    def __init__(self, sinks: Sequence[JsonLinesSink | PrometheusSink | VerlTrackingSink]) -> None:
         self.sinks = list(sinks)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -288,9 +288,11 @@ class TrainerSpec(ApiModel):
     verl_overrides: dict[str, Any] | None = Field(
         default=None,
         description=(
-            "verl settings merged into verl's trainer config (verl backend only): Hydra keys, flat with "
-            "dots or nested; a leading + adds an undeclared key. Keys the run sets itself (batch sizes, "
-            "rollout.samplesPerPrompt, the model, GPUs, rollout correction) are rejected."
+            "verl settings merged into verl's trainer config: Hydra keys, flat with dots or nested; a "
+            "leading + adds an undeclared key. Keys the run sets itself (batch sizes, "
+            "rollout.samplesPerPrompt, the model, GPUs, rollout correction) are rejected. The Reference "
+            "backend reads one of them, actor_rollout_ref.actor.optim.lr (its learning rate), and "
+            "ignores the others."
         ),
     )
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Where and how often checkpoints are saved.")

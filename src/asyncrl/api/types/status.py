@@ -43,7 +43,11 @@ class Condition(ApiModel):
     """One aspect of the run's state, as in metav1.Condition."""
 
     type: str = Field(
-        min_length=1, description="What the condition is about, in CamelCase (e.g. TrainerReady)."
+        min_length=1,
+        description=(
+            "What the condition is about, in CamelCase: `Ready`, `Complete`, `Failed`, `GatewayReachable` "
+            "or `AgentTemplateValid`."
+        ),
     )
     status: ConditionStatus = Field(description="`True`, `False` or `Unknown`.")
     reason: str = Field(min_length=1, description="Why the condition has this status, in CamelCase.")

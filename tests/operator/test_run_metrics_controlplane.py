@@ -1,0 +1,107 @@
+"""The operator's per-run gauges, scraped from a real `asyncrl operator --metrics-port`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.testing.controlplane import ControlPlane, free_port
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.processes import start_server
+from asyncrl.testing.waiting import wait_for
+from tests.operator.conftest import run_manifest
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+
+def _series(text: str, metric: str, **labels: str) -> float | None:
+    """The value of `metric` whose labels include `labels`, or None when no such series is exported."""
+    for line in text.splitlines():
+        found = re.fullmatch(rf"{metric}\{{(.*)\}} (\S+)", line)
+        if found is None:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
+        if all(have.get(key) == value for key, value in labels.items()):
+            return float(found.group(2))
+    return None
+
+
+def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_deleted_run(
+    control_plane: ControlPlane,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    installed_crd: Path,
+    tmp_path: Path,
+) -> None:
+    health, metrics_port = free_port(), free_port()
+    operator = start_server(
+        [
+            sys.executable,
+            "-m",
+            "asyncrl.cli",
+            "operator",
+            "--namespace",
+            namespace,
+            "--gateway-address",
+            "localhost",
+            f"--kubeconfig={control_plane.kubeconfig}",
+            f"--health-port={health}",
+            f"--metrics-port={metrics_port}",
+        ],
+        ready_url=f"http://127.0.0.1:{health}/healthz",
+        log_path=tmp_path / "operator.log",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout_seconds=60,
+    )
+    try:
+        manifest: dict[str, Any] = run_manifest("gauged")
+        applied = subprocess.run(
+            [*kubectl, "apply", "-n", namespace, "-f", "-"],
+            input=json.dumps(manifest),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert applied.returncode == 0, applied.stderr
+
+        def scrape() -> str:
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            return str(urllib.request.urlopen(url, timeout=10).read().decode())
+
+        run = {"namespace": namespace, "name": "gauged"}
+        text = wait_for(
+            lambda: (
+                (t := scrape()) and _series(t, "asyncrl_run_phase", **run, phase="Succeeded") == 1.0 and t
+            ),
+            timeout=180,
+            what="the Succeeded phase gauge",
+        )
+        assert _series(text, "asyncrl_run_phase", **run, phase="Running") == 0.0
+        assert _series(text, "asyncrl_run_step", **run) == 1.0  # two steps: 0 and 1
+        assert _series(text, "asyncrl_run_active_groups", **run) is not None
+        assert _series(text, "asyncrl_run_carry_over_age_max_steps", **run) == 1.0
+
+        deleted = subprocess.run(
+            [*kubectl, "delete", "atr", "gauged", "-n", namespace, "--wait=true", "--timeout=60s"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert deleted.returncode == 0, deleted.stderr
+        wait_for(
+            lambda: _series(scrape(), "asyncrl_run_step", **run) is None,
+            timeout=60,
+            what="the deleted run's series to go",
+        )
+        assert _series(scrape(), "asyncrl_run_phase", **run, phase="Succeeded") is None
+    finally:
+        operator.stop()
