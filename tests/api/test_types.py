@@ -133,6 +133,7 @@ def test_documented_defaults() -> None:
             "port": 8090,
             "retryAfterSeconds": 5,
             "samplingParams": "Enforce",
+            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
         },
         "agents": {
             "template": {"inline": "kind: Job"},
