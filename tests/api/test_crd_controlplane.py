@@ -88,9 +88,10 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
         "port": 8090,
         "retryAfterSeconds": 5,
         "samplingParams": "Enforce",
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
     }
     assert stored["logging"] == {"wandb": {"mode": "Offline"}}
-    assert stored["async"]["stalenessPolicy"] == "cancel"
+    assert stored["async"]["stalenessPolicy"] == "Cancel"
     # Every default the server filled is the one pydantic fills, and nothing else differs.
     assert stored == load_run(load_example("run-minimal.yaml")).spec.to_wire()
 
@@ -341,7 +342,7 @@ SPEC_CASES: dict[str, tuple[Any, str | None]] = {
         lambda spec: spec["agents"].update(ttlSecondsAfterFinished=-1),
         "spec.agents.ttlSecondsAfterFinished",
     ),
-    "keep-policy": (lambda spec: spec["async"].update(stalenessPolicy="keep", maxCarryOverAgeSteps=3), None),
+    "keep-policy": (lambda spec: spec["async"].update(stalenessPolicy="Keep", maxCarryOverAgeSteps=3), None),
     "gpus-negative": (lambda spec: spec["trainer"].update(gpus=-1), "spec.trainer.gpus"),
     "missing-model-path": (lambda spec: spec["model"].pop("path"), "spec.model.path"),
 }
