@@ -55,7 +55,7 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
 def _convert(node: Mapping[str, Any], definitions: Mapping[str, Any], *, at: str) -> dict[str, Any]:
     if node.get(_INT_OR_STRING):
         # The one union Kubernetes allows: no type, `anyOf` of integer and string (a resource quantity).
-        # A copy: a type used twice (a quantity) would otherwise share its lists, which YAML writes as anchors.
+        # A copy: a type used twice (a quantity) would share its lists, which YAML then writes as anchors.
         return copy.deepcopy({key: value for key, value in node.items() if key not in _DROPPED_KEYWORDS})
     node = _resolve(node, definitions, at=at)
     converted: dict[str, Any] = {}
