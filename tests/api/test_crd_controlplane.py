@@ -92,6 +92,7 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
         "drainPolicy": "Abort",
         "holdTimeoutSeconds": 900,
         "maxHeldCalls": 10000,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
     }
     assert stored["logging"] == {"wandb": {"mode": "Offline"}}
     assert stored["async"]["stalenessPolicy"] == "Cancel"

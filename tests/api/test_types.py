@@ -141,6 +141,7 @@ def test_documented_defaults() -> None:
             "maxHeldCalls": 10000,
             "retryAfterSeconds": 5,
             "samplingParams": "Enforce",
+            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
         },
         "agents": {
             "template": {"inline": "kind: Job"},

@@ -8,6 +8,7 @@ and refuses any construct it cannot express rather than emitting a schema the se
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,7 +55,8 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
 def _convert(node: Mapping[str, Any], definitions: Mapping[str, Any], *, at: str) -> dict[str, Any]:
     if node.get(_INT_OR_STRING):
         # The one union Kubernetes allows: no type, `anyOf` of integer and string (a resource quantity).
-        return {key: value for key, value in node.items() if key not in _DROPPED_KEYWORDS}
+        # A copy: a type used twice (a quantity) would share its lists, which YAML then writes as anchors.
+        return copy.deepcopy({key: value for key, value in node.items() if key not in _DROPPED_KEYWORDS})
     node = _resolve(node, definitions, at=at)
     converted: dict[str, Any] = {}
     for key, value in node.items():

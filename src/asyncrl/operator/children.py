@@ -17,9 +17,10 @@ from typing import Any
 import yaml
 
 from asyncrl.api import AsyncTrainingRunSpec
-from asyncrl.api.types.spec import TrainerBackend
+from asyncrl.api.types.spec import RESTRICTED_SECURITY_CONTEXT, ResourceRequirements, TrainerBackend
 from asyncrl.gateway.sampling import sampling_args
 from asyncrl.operator import names
+from asyncrl.operator.pod_template import MergedPodTemplate, merge_pod_template
 
 JSON = dict[str, Any]
 CONFIG_DIR = "/etc/asyncrl/config"
@@ -102,17 +103,20 @@ def config_map(run: Mapping[str, Any], template_source: str | None) -> JSON:
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
-def trainer_resources(spec: AsyncTrainingRunSpec) -> JSON:
-    """The trainer container's resources; every quantity a string, as the API and its client require.
-
-    `trainer.gpus` sets the GPU limit and request (a pod must request extended resources it limits).
-    """
-    given = spec.trainer.resources
+def container_resources(given: ResourceRequirements | None) -> dict[str, dict[str, str]]:
+    """A container's resources; every quantity a string, as the API and its client require."""
     resources: dict[str, dict[str, str]] = {}
     if given is not None:
         for section, quantities in (("limits", given.limits), ("requests", given.requests)):
             if quantities:
                 resources[section] = {name: str(value) for name, value in quantities.items()}
+    return resources
+
+
+def trainer_resources(spec: AsyncTrainingRunSpec) -> JSON:
+    """The trainer container's resources: `trainer.resources`, and `trainer.gpus` as the GPU limit and
+    request (a pod must request extended resources it limits)."""
+    resources = container_resources(spec.trainer.resources)
     if spec.trainer.gpus:
         for section in ("limits", "requests"):
             resources.setdefault(section, {})[GPU_RESOURCE] = str(spec.trainer.gpus)
@@ -135,7 +139,19 @@ def config_map_size_error(config_map: Mapping[str, Any]) -> str | None:
     )
 
 
+TRAINER_CONTAINER = "trainer"
+
+
 def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
+    """The trainer Job, with the user's pod template applied (see `trainer_job_with_template`)."""
+    job, _ = trainer_job_with_template(run, spec)
+    return job
+
+
+def trainer_job_with_template(
+    run: Mapping[str, Any], spec: AsyncTrainingRunSpec
+) -> tuple[JSON, MergedPodTemplate]:
+    """The trainer Job and the merge of `spec.trainer.podTemplate` into its pod (what was refused)."""
     run_name = run["metadata"]["name"]
     port = spec.gateway.port
     secret_name, secret_key = gateway_key_ref(run, spec)
@@ -157,6 +173,8 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         ],
         "ports": [{"name": "gateway", "containerPort": port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"}, "periodSeconds": 2},
+        "resources": container_resources(spec.gateway.resources),
+        "securityContext": dict(RESTRICTED_SECURITY_CONTEXT),
         "volumeMounts": [{"name": "gateway-key", "mountPath": KEY_DIR, "readOnly": True}],
     }
     env: list[JSON] = [
@@ -172,7 +190,7 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
             {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
         )
     trainer: JSON = {
-        "name": "trainer",
+        "name": TRAINER_CONTAINER,
         "image": spec.trainer.image,
         "command": ["asyncrl", "trainer"],
         "args": [
@@ -184,6 +202,7 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         "ports": [{"name": "metrics", "containerPort": trainer_metrics_port(spec)}],
         "env": env,
         "resources": resources,
+        "securityContext": dict(RESTRICTED_SECURITY_CONTEXT),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
@@ -214,29 +233,25 @@ def trainer_job(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
         else {"emptyDir": {}}
     )
     labels = names.common_labels(run_name, names.COMPONENT_TRAINER)
-    return {
+    pod_template: JSON = {
+        "metadata": {"labels": labels, "annotations": metrics_annotations(trainer_metrics_port(spec))},
+        "spec": {
+            # OnFailure restarts the trainer container in place; the gateway sidecar (and with it the
+            # rollout store and the window) survives, and the trainer recovers from it.
+            "restartPolicy": "OnFailure",
+            "initContainers": [gateway],
+            "containers": [trainer],
+            "volumes": [*volumes, {"name": "checkpoints", **checkpoints}],
+        },
+    }
+    merged = merge_pod_template(pod_template, spec.trainer.pod_template, trainer_container=TRAINER_CONTAINER)
+    job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _metadata(run, names.trainer_job_name(run_name), names.COMPONENT_TRAINER),
-        "spec": {
-            "suspend": spec.suspend,
-            "backoffLimit": 3,
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": metrics_annotations(trainer_metrics_port(spec)),
-                },
-                "spec": {
-                    # OnFailure restarts the trainer container in place; the gateway sidecar (and with it the
-                    # rollout store and the window) survives, and the trainer recovers from it.
-                    "restartPolicy": "OnFailure",
-                    "initContainers": [gateway],
-                    "containers": [trainer],
-                    "volumes": [*volumes, {"name": "checkpoints", **checkpoints}],
-                },
-            },
-        },
+        "spec": {"suspend": spec.suspend, "backoffLimit": 3, "template": merged.template},
     }
+    return job, merged
 
 
 def gateway_service(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:

@@ -17,19 +17,22 @@ import copy
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+import pydantic
+from kubernetes.client.exceptions import ApiException
 
-from asyncrl.api import AsyncTrainingRunSpec, InvalidRunError, load_run
+from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, InvalidRunError, load_run
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
-from asyncrl.api.types.status import Phase
+from asyncrl.api.types.status import Condition, ConditionStatus, Phase, with_condition
 from asyncrl.operator import children, names
 from asyncrl.operator.controller import RunContext, RunController
 from asyncrl.operator.kube import JSON, JobWatch, Kube
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.renderer import RenderSettings, TemplateRenderer
-from asyncrl.operator.retry import Backoff, one_line_reason
+from asyncrl.operator.retry import Backoff, kube_error_is_transient, one_line_reason
 
 logger = logging.getLogger(__name__)
 
@@ -251,21 +254,92 @@ async def _template_source(kube: Kube, namespace: str, spec: AsyncTrainingRunSpe
     )
 
 
-async def _reconcile_children(kube: Kube, run: JSON, spec: AsyncTrainingRunSpec, template: str) -> None:
+class TrainerJobRejected(Exception):
+    """The API server refused the trainer Job for good (a 4xx: an invalid pod template, a denied request)."""
+
+
+@dataclass(frozen=True)
+class TrainerJobCreation:
+    """What the trainer Job's creation reported: the template fields refused, the API server's warnings."""
+
+    created: bool
+    refused: str | None
+    warnings: list[str]
+
+
+async def _reconcile_children(
+    kube: Kube, run: JSON, spec: AsyncTrainingRunSpec, template: str
+) -> TrainerJobCreation:
     """Create what is missing (create-or-get: safe to repeat, never duplicates)."""
+    trainer_job, merged = children.trainer_job_with_template(run, spec)
     desired = [
         children.config_map(run, template if spec.agents.template.inline is not None else None),
         children.gateway_service(run, spec),
-        children.trainer_job(run, spec),
     ]
     if spec.gateway.key_secret_ref is None:
         desired.insert(0, children.gateway_key_secret(run))
     for body in desired:
-        _, created = await kube.create_or_get(body)
+        _, created, _warnings = await kube.create_or_get(body)
         if created:
             logger.info(
                 "run %s: created %s %s", run["metadata"]["name"], body["kind"], body["metadata"]["name"]
             )
+    try:
+        _, created, warnings = await kube.create_or_get(trainer_job)
+    except Exception as error:
+        # Retrying a 4xx would repeat the same refusal forever; the spec is what must change.
+        if isinstance(error, ApiException | pydantic.ValidationError) and not kube_error_is_transient(error):
+            raise TrainerJobRejected(
+                f"the API server refused the trainer Job: {one_line_reason(error)}; fix spec.trainer "
+                "(podTemplate, resources, image) in a new run"
+            ) from error
+        raise
+    if created:
+        logger.info("run %s: created Job %s", run["metadata"]["name"], trainer_job["metadata"]["name"])
+    return TrainerJobCreation(created=created, refused=merged.refused_message(), warnings=warnings)
+
+
+POD_TEMPLATE_CONDITION = "PodTemplateApplied"
+
+
+async def _report_trainer_job_creation(kube: Kube, run: JSON, creation: TrainerJobCreation) -> None:
+    """A Warning event per problem and the PodTemplateApplied condition, once, when the Job is created.
+
+    The condition goes into `run["status"]` too, so that the controller, which rewrites the conditions from
+    the status it starts with, keeps it.
+    """
+    status = AsyncTrainingRunStatus.model_validate(run.get("status") or {})
+    stored = next((c for c in status.conditions if c.type == POD_TEMPLATE_CONDITION), None)
+    if not creation.created and stored is not None:
+        return  # reported when the Job was created (the API server's warnings come only then)
+    problems: list[tuple[str, str]] = []
+    if creation.refused is not None:
+        problems.append(("FieldsRefused", creation.refused))
+    if creation.warnings:
+        warned = " | ".join(creation.warnings)
+        problems.append(
+            (
+                "ApiServerWarning",
+                f"the API server warned about the trainer Job: {warned} (a pod the namespace's Pod Security "
+                "forbids is never created: see `kubectl describe job` for FailedCreate)",
+            )
+        )
+    for reason, message in problems:
+        await kube.post_event(run, reason=f"PodTemplate{reason}", message=message, warning=True)
+    condition = Condition(
+        type=POD_TEMPLATE_CONDITION,
+        status=ConditionStatus.FALSE if problems else ConditionStatus.TRUE,
+        reason=problems[0][0] if problems else "Applied",
+        message="; ".join(message for _, message in problems),
+        last_transition_time=datetime.now(UTC),
+        observed_generation=int(run["metadata"].get("generation") or 0),
+    )
+    conditions = [c.to_wire() for c in with_condition(status.conditions, condition)]
+    run.setdefault("status", {})["conditions"] = conditions
+    with contextlib.suppress(Exception):  # best effort: the events already say it
+        await kube.patch_run_status(
+            run["metadata"]["namespace"], run["metadata"]["name"], {"conditions": conditions}
+        )
 
 
 async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
@@ -289,9 +363,13 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
         if size_error is not None:
             await _fail_run(kube, run, reason="InvalidSpec", message=size_error)
             return
-        await _reconcile_children(kube, run, spec, template)
+        creation = await _reconcile_children(kube, run, spec, template)
         secret_name, secret_key = children.gateway_key_ref(run, spec)
         gateway_key = await kube.read_secret_key(namespace, secret_name, secret_key)
+    except TrainerJobRejected as error:
+        runtime.metrics.reconciles.labels("error").inc()
+        await _fail_run(kube, run, reason="TrainerJobRejected", message=str(error))
+        return
     except Exception as error:
         runtime.metrics.reconciles.labels("error").inc()
         message = f"{one_line_reason(error)}; retrying"
@@ -299,6 +377,7 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
         await _set_waiting_status(kube, run, message)
         raise kopf.TemporaryError(f"reconciling children failed: {message}") from error
     runtime.metrics.reconciles.labels("ok").inc()
+    await _report_trainer_job_creation(kube, run, creation)
     if runtime.config.gateway_address == "localhost":
         gateway_url = f"http://127.0.0.1:{spec.gateway.port}"
     else:

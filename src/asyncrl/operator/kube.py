@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 import threading
 from collections.abc import Callable
@@ -21,6 +22,19 @@ from asyncrl.operator import names
 logger = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+
+
+# RFC 7234 warn-value as the API server sends it: `299 - "text"`, quotes and backslashes escaped in the text.
+_WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+
+
+def warning_texts(header_values: list[str]) -> list[str]:
+    """The texts of `Warning` response headers (each header may hold several warn-values)."""
+    texts = []
+    for value in header_values:
+        for match in _WARNING.finditer(value or ""):
+            texts.append(re.sub(r"\\(.)", r"\1", match.group(1)))
+    return texts
 
 
 class Kube:
@@ -43,18 +57,22 @@ class Kube:
 
     # -- children -----------------------------------------------------------------------------------------
 
-    async def create_or_get(self, body: JSON) -> tuple[JSON, bool]:
-        """Create `body` unless an object of that name exists; return (object, created)."""
+    async def create_or_get(self, body: JSON) -> tuple[JSON, bool, list[str]]:
+        """Create `body` unless an object of that name exists; return (object, created, the API server's
+        warnings on the creation, e.g. a pod template that would violate the namespace's Pod Security)."""
         from kubernetes.client.exceptions import ApiException
 
         kind, namespace, name = body["kind"], body["metadata"]["namespace"], body["metadata"]["name"]
         create, read = self._methods(kind)
         try:
-            return await self._call(create, namespace, body), True
+            response = await asyncio.to_thread(create, namespace, body, _preload_content=False)
         except ApiException as error:
             if error.status != 409:
                 raise
-        return await self._call(read, name, namespace), False
+            return await self._call(read, name, namespace), False, []
+        headers = response.headers
+        values = headers.getlist("Warning") if hasattr(headers, "getlist") else [headers.get("Warning") or ""]
+        return self._json(response), True, warning_texts(values)
 
     def _methods(self, kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
         table = {

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -101,6 +102,129 @@ class ResourceRequirements(ApiModel):
     )
 
 
+# Pod Security Standards' `restricted` profile for a container: the trainer's and gateway's default, so that
+# a run starts in a namespace that enforces it (both images run as the numeric non-root user 10001).
+RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+DEFAULT_GATEWAY_REQUESTS: dict[str, Any] = {"cpu": "500m", "memory": "512Mi"}
+
+_FREE_FORM = "free-form: the API server validates it when the operator creates the trainer Job"
+
+
+class NamedObject(BaseModel):
+    """A Kubernetes list entry keyed by `name` (a volume, an env var); its other fields are passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, description="Name of the entry.")
+
+
+class VolumeMount(BaseModel):
+    """A container's volumeMount; its other fields (readOnly, subPath, ...) are passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, description="Name of the pod volume to mount.")
+    mount_path: str = Field(
+        alias="mountPath", min_length=1, description="Path in the container where the volume appears."
+    )
+
+
+class PodTemplateMetadata(ApiModel):
+    """Labels and annotations added to the trainer pod (not to the Job)."""
+
+    labels: dict[str, str] | None = Field(
+        default=None,
+        description="Labels of the trainer pod; the operator's own keys (app.kubernetes.io/*, "
+        "asyncrl.dev/run) keep the operator's values.",
+    )
+    annotations: dict[str, str] | None = Field(default=None, description="Annotations of the trainer pod.")
+
+
+class TrainerContainerTemplate(ApiModel):
+    """Additions to the trainer container: environment, mounts of the template's volumes, security context."""
+
+    env: list[NamedObject] | None = Field(
+        default=None,
+        description=(
+            f"Environment variables (corev1 EnvVar: name, value or valueFrom), {_FREE_FORM}; the operator's "
+            "own variables (ASYNCRL_GATEWAY_KEY, WANDB_*) keep the operator's values."
+        ),
+    )
+    env_from: list[dict[str, Any]] | None = Field(
+        default=None,
+        description=f"Variables from ConfigMaps or Secrets (corev1 EnvFromSource), {_FREE_FORM}.",
+    )
+    volume_mounts: list[VolumeMount] | None = Field(
+        default=None,
+        description=(
+            f"Mounts of `volumes` (corev1 VolumeMount: name, mountPath, readOnly, subPath), {_FREE_FORM}; "
+            "the operator's own mount paths (its config, checkpoints, data, /dev/shm) are kept."
+        ),
+    )
+    security_context: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            f"corev1 SecurityContext of the trainer container, {_FREE_FORM}; its keys replace those of the "
+            "default, which meets Pod Security `restricted` (runAsNonRoot, allowPrivilegeEscalation: false, "
+            "capabilities drop ALL, seccompProfile RuntimeDefault)."
+        ),
+    )
+
+
+class TrainerPodTemplate(ApiModel):
+    """What the user adds to the trainer pod: scheduling, identity, volumes, the trainer container's env.
+
+    The operator owns the rest (containers, the gateway sidecar, restartPolicy, its own labels, volumes,
+    mounts and variables); a field of this template that collides with one of those is refused and reported.
+    """
+
+    metadata: PodTemplateMetadata | None = Field(
+        default=None, description="Labels and annotations of the trainer pod."
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Node labels the trainer pod must be scheduled on (e.g. a GPU type)."
+    )
+    tolerations: list[dict[str, Any]] | None = Field(
+        default=None,
+        description=f"corev1 Tolerations of the trainer pod (e.g. of GPU node taints), {_FREE_FORM}.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None, description=f"corev1 Affinity of the trainer pod, {_FREE_FORM}."
+    )
+    priority_class_name: str | None = Field(
+        default=None, min_length=1, description="PriorityClass of the trainer pod."
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Service account of the trainer pod (e.g. for cloud storage access); unset: default.",
+    )
+    security_context: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            f"corev1 PodSecurityContext of the trainer pod (e.g. fsGroup, so a volume is writable by the "
+            f"images' user 10001), {_FREE_FORM}."
+        ),
+    )
+    volumes: list[NamedObject] | None = Field(
+        default=None,
+        description=(
+            f"corev1 Volumes of the trainer pod (a PVC holding the model, a Secret), {_FREE_FORM}; mount "
+            "them with trainerContainer.volumeMounts. The operator's own volume names (config, gateway-key, "
+            "checkpoints, data, dshm) are refused."
+        ),
+    )
+    trainer_container: TrainerContainerTemplate | None = Field(
+        default=None, description="Additions to the trainer container."
+    )
+
+
 class ModelSpec(ApiModel):
     """The policy model that is served to agents and trained."""
 
@@ -108,7 +232,11 @@ class ModelSpec(ApiModel):
         min_length=1, description="Served model name: the `model` agents send in their OpenAI requests."
     )
     path: str = Field(
-        min_length=1, description="Hugging Face repo id, or a path on a volume mounted in the trainer pod."
+        min_length=1,
+        description=(
+            "Hugging Face repo id, or a path in the trainer container: on a volume of "
+            "trainer.podTemplate.volumes mounted with trainer.podTemplate.trainerContainer.volumeMounts."
+        ),
     )
 
 
@@ -128,7 +256,10 @@ class DataSpec(ApiModel):
     path: str | None = Field(
         default=None,
         min_length=1,
-        description="A JSON-lines or JSON-array file of rows on a volume mounted in the trainer pod.",
+        description=(
+            "A JSON-lines or JSON-array file of rows in the trainer container, on a volume of "
+            "trainer.podTemplate.volumes mounted with trainer.podTemplate.trainerContainer.volumeMounts."
+        ),
     )
     shuffle: bool = Field(
         strict=True, default=True, description="Shuffle the rows before each pass over the data."
@@ -295,6 +426,14 @@ class TrainerSpec(ApiModel):
             "ignores the others."
         ),
     )
+    pod_template: TrainerPodTemplate | None = Field(
+        default=None,
+        description=(
+            "Additions to the trainer pod: labels, scheduling (nodeSelector, tolerations, affinity, "
+            "priorityClassName), serviceAccountName, volumes, and the trainer container's env, mounts and "
+            "securityContext; fields the operator owns are kept and reported."
+        ),
+    )
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Where and how often checkpoints are saved.")
     failed_rollout_reward: float = Field(
         strict=True,
@@ -375,6 +514,14 @@ class GatewaySpec(ApiModel):
             "refused during a weight update: every such call in Reject mode, a held call past its bounds in "
             "Hold mode."
         ),
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=lambda: ResourceRequirements(requests=dict(DEFAULT_GATEWAY_REQUESTS)),
+        description=(
+            "Resources of the gateway container (limits, requests), quantities as in a pod spec; set, it "
+            "replaces the default (requests cpu: 500m, memory: 512Mi)."
+        ),
+        json_schema_extra={"default": {"requests": DEFAULT_GATEWAY_REQUESTS}},
     )
     sampling_params: SamplingParamsPolicy = Field(
         default=SamplingParamsPolicy.ENFORCE,
