@@ -62,7 +62,9 @@ def test_every_field_of_the_template_reaches_the_trainer_pod() -> None:
     template, pod, trainer = job["spec"]["template"], _pod(job), _container(job, "trainer")
     assert template["metadata"]["labels"]["team"] == "rl"
     assert template["metadata"]["labels"][names.LABEL_RUN] == "demo"  # the Service still selects the pod
-    assert template["metadata"]["annotations"]["cost-center"] == "42"  # beside the operator's prometheus.io ones
+    assert (
+        template["metadata"]["annotations"]["cost-center"] == "42"
+    )  # beside the operator's prometheus.io ones
     for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "serviceAccountName"):
         assert pod[key] == MODEL_ON_A_PVC[key]
     assert pod["securityContext"] == {"fsGroup": 10001}
