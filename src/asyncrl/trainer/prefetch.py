@@ -190,9 +190,16 @@ class RowPrefetcher:
 
     async def settle(self, groups: Sequence[Group]) -> None:
         """Wait while the background fetch still works on these groups (before pausing, so the pause finds
-        their rows ready); returns early when it stops, e.g. because the gateway failed."""
+        their rows ready), then stop it until the next `notice`: nothing competes with the update. Returns
+        early when the fetch stops, e.g. because the gateway failed; `rows_for` fetches what is left."""
         self.notice()
         wanted = {rollout_id for group in groups for rollout_id in group.rollout_ids}
+        try:
+            await self._wait_for(wanted)
+        finally:
+            await self._stop_worker()
+
+    async def _wait_for(self, wanted: set[str]) -> None:
         while self._worker is not None and not self._worker.done():
             if not wanted - self._prepared.keys() - self._failed:
                 return
