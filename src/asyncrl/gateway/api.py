@@ -270,7 +270,7 @@ def build_api(
             size += len(document)
             await asyncio.sleep(0)
         head = json.dumps({"instance_id": store.instance_id, "missing": missing, "omitted": omitted})
-        body = b"%s,\"documents\":[%s]}" % (head[:-1].encode(), b",".join(documents))
+        body = b'%s,"documents":[%s]}' % (head[:-1].encode(), b",".join(documents))
         return Response(body, media_type="application/json")
 
     @app.get("/api/rollouts/{rollout_id}", dependencies=[Depends(rollout_access)])
