@@ -30,6 +30,7 @@ from asyncrl.gateway.models import (
     ClaimRequest,
     CompletionPage,
     DeleteRequest,
+    EventsBatchRequest,
     LaunchReceipt,
     LaunchRequest,
     PauseRequest,
@@ -239,6 +240,38 @@ def build_api(
     @app.post("/api/rollouts/delete", dependencies=[Management])
     async def delete_rollouts(request: DeleteRequest) -> dict[str, int]:
         return {"deleted": store.delete(request.rollout_ids)}
+
+    @app.post("/api/rollouts/events", dependencies=[Management])
+    async def rollout_events_batch(request: EventsBatchRequest) -> Response:
+        """Many rollouts' events documents in one answer (see `EventsBatchRequest` for the shape and bounds).
+
+        Each document is built as the single-rollout route builds it, so one unreadable call or event never
+        fails the batch; the loop yields between documents so model calls keep flowing meanwhile.
+        """
+        documents: list[bytes] = []
+        missing: list[str] = []
+        omitted: list[str] = []
+        size = 0
+        for rollout_id in dict.fromkeys(request.rollout_ids):
+            if documents and size >= request.max_bytes:
+                omitted.append(rollout_id)
+                continue
+            try:
+                rollout = store.get(rollout_id)
+            except RolloutNotFound:
+                missing.append(rollout_id)
+                continue
+            document = events_document(rollout)
+            if documents and size + len(document) > request.max_bytes:
+                omitted.append(rollout_id)
+                size = request.max_bytes  # full: the rest are omitted without building their documents
+                continue
+            documents.append(document)
+            size += len(document)
+            await asyncio.sleep(0)
+        head = json.dumps({"instance_id": store.instance_id, "missing": missing, "omitted": omitted})
+        body = b'%s,"documents":[%s]}' % (head[:-1].encode(), b",".join(documents))
+        return Response(body, media_type="application/json")
 
     @app.get("/api/rollouts/{rollout_id}", dependencies=[Depends(rollout_access)])
     async def get_rollout(rollout_id: str) -> RolloutView:

@@ -7,6 +7,8 @@ accordingly, so nobody polls in a loop.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,7 @@ import httpx
 from asyncrl.gateway.models import (
     ClaimRequest,
     CompletionPage,
+    EventsBatchRequest,
     LaunchReceipt,
     LaunchRequest,
     RolloutCreate,
@@ -43,6 +46,30 @@ class PauseResult:
     inflight_at_pause: int
     drain_seconds: float
     aborted: int = 0  # calls in flight cancelled upstream by a pause with abort
+
+
+@dataclass(frozen=True)
+class EventsBatch:
+    """The answer of `POST /api/rollouts/events`: events documents of many rollouts from one gateway."""
+
+    instance_id: str  # the gateway instance that holds these rollouts (a restarted one holds none of ours)
+    documents: list[dict[str, Any]]  # one per rollout found, each as `GET /api/rollouts/{id}/events` gives it
+    missing: list[str]  # ids the gateway does not hold
+    omitted: list[str]  # ids left out because the answer reached its byte bound: ask again
+    size_bytes: int  # bytes of the answer's body
+
+    @classmethod
+    def parse(cls, body: bytes) -> EventsBatch:
+        answer = json.loads(body)
+        if not isinstance(answer, dict) or not isinstance(answer.get("documents"), list):
+            raise ValueError("the gateway's events batch is not a JSON object with a documents list")
+        return cls(
+            instance_id=str(answer["instance_id"]),
+            documents=answer["documents"],
+            missing=[str(rollout_id) for rollout_id in answer.get("missing", [])],
+            omitted=[str(rollout_id) for rollout_id in answer.get("omitted", [])],
+            size_bytes=len(body),
+        )
 
 
 class GatewayClient:
@@ -211,6 +238,19 @@ class GatewayClient:
         """The rollout, its captured model calls (token ids, log-probs) and its agent events."""
         result: dict[str, Any] = (await self._request("GET", f"/api/rollouts/{rollout_id}/events")).json()
         return result
+
+    async def rollout_events_batch(
+        self, rollout_ids: Iterable[str], *, max_bytes: int | None = None
+    ) -> EventsBatch:
+        """Many rollouts' events documents in one request (at most `MAX_EVENTS_BATCH_ROLLOUTS` ids), bounded
+        by `max_bytes`; ids left out for the bound come back in `omitted`. Parsed off the event loop."""
+        if isinstance(rollout_ids, str):
+            raise TypeError("rollout_events_batch() takes a list of rollout ids, not one string")
+        request = EventsBatchRequest(rollout_ids=list(rollout_ids))
+        if max_bytes is not None:
+            request = EventsBatchRequest(rollout_ids=request.rollout_ids, max_bytes=max_bytes)
+        response = await self._request("POST", "/api/rollouts/events", json=request.model_dump(mode="json"))
+        return await asyncio.to_thread(EventsBatch.parse, response.content)
 
     async def stats(self) -> dict[str, Any]:
         """Rollouts by state (`rollouts`), terminal states ever (`finished_totals`), launches ever

@@ -116,6 +116,31 @@ class DeleteRequest(BaseModel):
     rollout_ids: list[str] = Field(max_length=100_000)
 
 
+MAX_EVENTS_BATCH_ROLLOUTS = 1024
+DEFAULT_EVENTS_BATCH_BYTES = 32 * 1024 * 1024
+MAX_EVENTS_BATCH_BYTES = 256 * 1024 * 1024
+
+
+class EventsBatchRequest(BaseModel):
+    """`POST /api/rollouts/events`: many rollouts' events documents in one answer, bounded in count and bytes.
+
+    The answer is `{"instance_id": ..., "documents": [...], "missing": [...], "omitted": [...]}`: one document
+    per rollout found (the shape of `GET /api/rollouts/{rollout_id}/events`), the ids the gateway does not
+    hold, and the ids left out because the answer reached `max_bytes` (ask for them again). The first document
+    is always sent, however large, so every rollout can be read.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_ids: list[str] = Field(min_length=1, max_length=MAX_EVENTS_BATCH_ROLLOUTS)
+    max_bytes: int = Field(
+        default=DEFAULT_EVENTS_BATCH_BYTES,
+        ge=1,
+        le=MAX_EVENTS_BATCH_BYTES,
+        description="Stop adding documents once the answer holds this many bytes.",
+    )
+
+
 class AgentEvent(BaseModel):
     """What agents post to /api/rollouts/{rollout_id}/attempt/{attempt_id}/events."""
 

@@ -10,6 +10,10 @@ window is rebuilt from the gateway, which outlives the trainer container. A rest
 rollouts: the loop notices (a connection error, or a new `instance_id` in its stats), registers the model
 servers again and redraws the groups it lost as new rollouts; a step's data is fetched before the window
 commits the update, so nothing is trained twice and the step counter just continues.
+
+A step's data is ready before its pause: as groups complete, `asyncrl.trainer.prefetch` fetches their
+rollouts' events in batches and adapts them in the background, so the paused gateway waits only for the
+update (and the checkpoint). Rows of groups that leave the window (stale, lost with a gateway) go with them.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import httpx
 
 from asyncrl.gateway.client import GatewayClient, GatewayError, PauseResult
-from asyncrl.gateway.models import CompletionEntry, RolloutCreate, WindowSummary
+from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, RolloutCreate, WindowSummary
 from asyncrl.pausing import DrainPolicy
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
@@ -35,6 +39,7 @@ from asyncrl.trainer.checkpoints import LoopState, latest_checkpoint, save_check
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.failures import RunFailed
 from asyncrl.trainer.metrics import MetricsSinks, spread
+from asyncrl.trainer.prefetch import DEFAULT_BATCH_ROLLOUTS, PrefetchTotals, RolloutsMissing, RowPrefetcher
 from asyncrl.trainer.recovery import groups_of, plan_resync
 from asyncrl.trainer.rows import TrainingRow
 from asyncrl.trainer.window import Group, RolloutWindow, WindowConfig
@@ -70,6 +75,13 @@ class LoopSettings:
     drain_timeout_seconds: float = 300.0
     gateway_wait_seconds: float = 300.0  # how long an unreachable gateway is waited for, each time
     max_failed_steps: int | None = 3  # consecutive steps with nothing to train before the run fails
+    # Rows prepared as groups complete (batched fetches in the background); off, every consumed rollout's
+    # events are fetched one request each while the gateway is paused (the old way, kept for comparison).
+    prefetch_rows: bool = True
+    events_batch_rollouts: int = DEFAULT_BATCH_ROLLOUTS  # rollouts per events request
+    events_batch_bytes: int = (
+        DEFAULT_EVENTS_BATCH_BYTES  # bytes per events answer (beyond its first document)
+    )
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,16 @@ class StepLoop:
         self._first_epoch_only = settings.total_steps is None
         self._failed_steps = 0  # consecutive steps whose consumed groups held nothing to train on
         self._saved_step: int | None = None  # the step of the last checkpoint written or loaded
+        self._prefetcher: RowPrefetcher | None = None
+        if settings.prefetch_rows:
+            self._prefetcher = RowPrefetcher(
+                gateway=gateway,
+                config=settings.adapter,
+                groups=lambda: self.window.active_groups,
+                instance_id=lambda: self._instance_id,
+                batch_rollouts=settings.events_batch_rollouts,
+                batch_bytes=settings.events_batch_bytes,
+            )
 
     # -- the gateway's lifetime ---------------------------------------------------------------------------
 
@@ -253,10 +275,14 @@ class StepLoop:
         await self.recover()
         await self.gateway.resume(model_version=self.backend.model_version)
         first_step, steps_run = self.step, 0
-        while self.settings.total_steps is None or self.step < self.settings.total_steps:
-            if not await self._run_step():
-                break
-            steps_run += 1
+        try:
+            while self.settings.total_steps is None or self.step < self.settings.total_steps:
+                if not await self._run_step():
+                    break
+                steps_run += 1
+        finally:
+            if self._prefetcher is not None:
+                await self._prefetcher.close()
         await self._finish()
         return RunResult(first_step=first_step, next_step=self.step, steps_run=steps_run)
 
@@ -277,6 +303,7 @@ class StepLoop:
             return False
         batch = window.take_update_batch(step=step)
         assert batch.consumed == prepared.groups, "the window changed between fetching and taking the batch"
+        update_started = time.monotonic()
         update = await self._update(prepared.rows, step)
         drain = prepared.drain
         summary = batch.summary.with_drain(
@@ -289,10 +316,12 @@ class StepLoop:
             **summary.metrics(),
             **self._timing_metrics(consumed_ids),
             **prepared.counts.metrics(),
+            **self._prefetch_metrics(),
             **(update.as_dict() if update is not None else {}),
             "training/reward_mean": _mean([row.reward for row in prepared.rows]),
             "timing/step_seconds": time.monotonic() - started,
             "timing/update_phase_seconds": time.monotonic() - prepared.wait_started,
+            "timing/pause_to_update_seconds": update_started - prepared.wait_started,
         }
         # Logged before the checkpoint: a crash in between redoes the step, and the restart drops its line.
         self.sinks.log(step, metrics)
@@ -345,7 +374,7 @@ class StepLoop:
             try:
                 await self._sync_with_gateway(step)
                 return await self._prepare_update(step)
-            except (*GatewayFailure, GatewayRestarted) as error:
+            except (*GatewayFailure, GatewayRestarted, RolloutsMissing) as error:
                 if isinstance(error, GatewayError) and error.status < 500 and error.status != 404:
                     raise
                 logger.warning(
@@ -372,6 +401,8 @@ class StepLoop:
             await self._consume_completions()
             if window.config.refills and not window.ready_for_update():
                 await self._draw(step)  # keep windowSize groups unfinished while collecting
+        if self._prefetcher is not None:  # the batch's rows are ready before the pause, not during it
+            await self._prefetcher.settle(window.update_groups())
         wait_started = time.monotonic()
         drain = await self.gateway.pause(
             reason=f"weight update, step {step}",
@@ -511,6 +542,8 @@ class StepLoop:
         for entry in page.entries:
             self._timings[entry.rollout_id] = entry
             self.window.record_terminal(entry.rollout_id, entry.state)
+        if self._prefetcher is not None:
+            self._prefetcher.notice()  # fetch the groups this page completed
 
     async def _resync_terminal_states(self) -> None:
         """The feed moved past our cursor: take terminal states from the rollout listing instead."""
@@ -535,6 +568,8 @@ class StepLoop:
         logger.info("cancelled %d groups: %s", len(groups), reason)
 
     async def _rows_of(self, groups: Sequence[Group]) -> tuple[list[TrainingRow], AdapterCounts]:
+        if self._prefetcher is not None:
+            return await self._prefetcher.rows_for(groups)
         semaphore = asyncio.Semaphore(EVENT_FETCH_CONCURRENCY)
 
         async def fetch(rollout_id: str) -> dict[str, Any]:
@@ -560,6 +595,13 @@ class StepLoop:
             return await self.backend.update(rows, step=step)
         finally:
             await self.backend.wake()
+
+    def _prefetch_metrics(self) -> dict[str, float]:
+        """What the step's prefetching moved (since the last step's metrics); none when it is off."""
+        if self._prefetcher is None:
+            return {}
+        totals, self._prefetcher.totals = self._prefetcher.totals, PrefetchTotals()
+        return totals.metrics()
 
     def _timing_metrics(self, rollout_ids: Sequence[str]) -> dict[str, float]:
         entries = [self._timings[rid] for rid in rollout_ids if rid in self._timings]

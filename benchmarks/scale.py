@@ -1,0 +1,405 @@
+"""A window of many rollouts: how long the paused gateway waits for data, and what it costs, before and after.
+
+    python benchmarks/scale.py                                  # 128 groups x 8 x 20 calls (full size)
+    python benchmarks/scale.py --groups 16 --calls 4 --steps 3  # a few minutes on a shared 2-core machine
+
+Real parts: the `asyncrl gateway` process, the trainer's `StepLoop` (window, prefetching, pause and drain),
+and agents in their own process that claim rollouts and post every model call through the gateway's proxy to
+an upstream (this script's `--serve-upstream` mode) answering `--response-tokens` tokens with log-probs for a
+`--prompt-tokens` prompt, as vLLM does with `return_token_ids` and `logprobs`. Stand-in: the **update is a
+sleep of fixed cost** (`--update-seconds`), no model, no GPU.
+
+Both modes run in one invocation on fresh gateways, side by side: `before` fetches every consumed rollout's
+events at the pause, one request each (`LoopSettings.prefetch_rows=False`, the old path), `after` prepares
+rows as groups complete (batched, in the background). Printed per mode: gateway peak RSS (VmHWM), pause to
+update start (median and max over steps after the first), events bytes moved per step, events requests made
+while paused, trainer CPU seconds per step (this process: loop, client, adapter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _common import KEY, MODEL, start_gateway, table, verdict
+
+from asyncrl.testing.controlplane import free_port
+from asyncrl.testing.processes import ServerProcess, start_server
+
+TARGET_PAUSE_SECONDS = 1.0
+TARGET_GATEWAY_BYTES = 2 * 1024**3
+
+
+# -- the upstream: vLLM-shaped answers of realistic size ---------------------------------------------------
+
+
+def serve_upstream(port: int, response_tokens: int) -> None:
+    from aiohttp import web
+
+    logprobs = [{"token": "x", "logprob": -0.25, "bytes": [120], "top_logprobs": []}] * response_tokens
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = " ".join(str(message.get("content", "")) for message in body.get("messages", []))
+        prompt_ids = [len(word) for word in prompt.split()]
+        answer = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "prompt_token_ids": prompt_ids,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "x " * response_tokens},
+                    "logprobs": {"content": logprobs},
+                    "finish_reason": "length",
+                    "token_ids": [7] * response_tokens,
+                }
+            ],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": response_tokens},
+        }
+        return web.json_response(answer)
+
+    async def ready(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(client_max_size=64 * 1024**2)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/ready", ready)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# -- the agents: claim, call through the proxy, reward, succeed --------------------------------------------
+
+
+async def run_agents(gateway_url: str, *, calls: int, prompt_tokens: int, concurrency: int) -> None:
+    import aiohttp
+
+    from asyncrl.gateway.auth import agent_token
+    from asyncrl.gateway.client import GatewayClient
+    from asyncrl.rollouts import RolloutState
+
+    prompt = " ".join(f"w{index % 97}" for index in range(prompt_tokens))
+    slots = asyncio.Semaphore(concurrency)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(manager: GatewayClient, http: aiohttp.ClientSession, rollout_id: str) -> None:
+        async with slots:
+            headers = {"authorization": f"Bearer {agent_token(KEY, rollout_id)}"}
+            base = f"{gateway_url}/proxy/rollout/{rollout_id}/attempt/a1/mode/train/openai/v1"
+            try:
+                await manager.transition(rollout_id, RolloutState.RUNNING, attempt_id="a1")
+                for turn in range(calls):
+                    body = {"model": MODEL, "messages": [{"role": "user", "content": f"{prompt} t{turn}"}]}
+                    for _ in range(600):  # Reject mode answers 429 while paused; Hold just waits
+                        async with http.post(
+                            f"{base}/chat/completions", json=body, headers=headers
+                        ) as answer:
+                            await answer.read()
+                            if answer.status != 429:
+                                break
+                        await asyncio.sleep(0.2)
+                reward = {"event_type": "reward", "data": {"value": 1.0}}
+                async with http.post(
+                    f"{gateway_url}/api/rollouts/{rollout_id}/attempt/a1/events", json=reward, headers=headers
+                ) as answer:
+                    await answer.read()
+                await manager.transition(rollout_id, RolloutState.SUCCEEDED, attempt_id="a1")
+            except Exception as error:  # a rollout deleted or cancelled under us: the trainer moved on
+                print(f"agent {rollout_id}: {error}", file=sys.stderr)
+
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with GatewayClient(gateway_url, KEY) as manager, aiohttp.ClientSession(timeout=timeout) as http:
+        while True:
+            for rollout in await manager.claim(limit=256, wait_seconds=5, lease_seconds=3600):
+                task = asyncio.create_task(one(manager, http, rollout.rollout_id))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+
+# -- the trainer side: the real step loop with a fixed-cost update -----------------------------------------
+
+
+@dataclasses.dataclass
+class FixedCostBackend:
+    """Stand-in for a training backend: the update sleeps `update_seconds`; nothing is trained."""
+
+    upstream_url: str
+    update_seconds: float
+    version: int = 0
+    rows_trained: int = 0
+
+    serve_urls = property(lambda self: (self.upstream_url,))
+    served_model = property(lambda self: MODEL)
+    model_version = property(lambda self: self.version)
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def sleep(self) -> None: ...
+    async def wake(self) -> None: ...
+
+    async def update(self, rows: Sequence[Any], *, step: int) -> Any:
+        from asyncrl.trainer.backends import UpdateMetrics
+
+        await asyncio.sleep(self.update_seconds)
+        self.rows_trained += len(rows)
+        self.version = step + 1
+        return UpdateMetrics(
+            step=step, model_version=self.version, loss=0.0, grad_norm=0.0, reward_mean=0.0, reward_std=0.0,
+            rows=len(rows), trained_tokens=0, total_tokens=0, seconds=self.update_seconds,
+            tokens_per_second=0.0, clip_fraction=0.0, ppo_kl=0.0,
+        )  # fmt: skip
+
+
+def _measuring_client(gateway_url: str) -> Any:
+    from asyncrl.gateway.client import EventsBatch, GatewayClient
+
+    class MeasuringClient(GatewayClient):
+        def __init__(self) -> None:
+            super().__init__(gateway_url, KEY, timeout_seconds=600)
+            self.paused = False
+            self.events_bytes = 0
+            self.requests_while_paused = 0
+            self.single_requests_while_paused = 0
+            self.cpu_at_pause: list[float] = []
+
+        async def pause(self, **kwargs: Any) -> Any:
+            self.cpu_at_pause.append(time.process_time())
+            result = await super().pause(**kwargs)
+            self.paused = True
+            return result
+
+        async def resume(self, *, model_version: int | None = None) -> dict[str, Any]:
+            self.paused = False
+            return await super().resume(model_version=model_version)
+
+        async def rollout_events(self, rollout_id: str) -> dict[str, Any]:
+            self.requests_while_paused += self.paused
+            self.single_requests_while_paused += self.paused
+            response = await self._request("GET", f"/api/rollouts/{rollout_id}/events")
+            self.events_bytes += len(response.content)
+            result: dict[str, Any] = response.json()
+            return result
+
+        async def rollout_events_batch(
+            self, rollout_ids: Any, *, max_bytes: int | None = None
+        ) -> EventsBatch:
+            self.requests_while_paused += self.paused
+            batch = await super().rollout_events_batch(rollout_ids, max_bytes=max_bytes)
+            self.events_bytes += batch.size_bytes
+            return batch
+
+    return MeasuringClient()
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _start_self(
+    mode: list[str], log: Path, ready_url: str | None = None
+) -> ServerProcess | subprocess.Popen[bytes]:
+    """This script in another mode, as its own process group: the upstream (waited for) or the agents."""
+    argv = [sys.executable, str(Path(__file__).resolve()), *mode]
+    if ready_url is not None:
+        return start_server(argv, ready_url=ready_url, log_path=log, timeout_seconds=60)
+    with log.open("wb") as output:
+        return subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(process: ServerProcess | subprocess.Popen[bytes]) -> None:
+    if isinstance(process, ServerProcess):
+        process.stop()
+        return
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+async def _one_mode(
+    args: argparse.Namespace, *, prefetch: bool, upstream_url: str, log_dir: Path
+) -> dict[str, Any]:
+    from asyncrl.trainer.adapter import AdapterConfig
+    from asyncrl.trainer.data import PromptSource
+    from asyncrl.trainer.loop import LoopSettings, StepLoop
+    from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks
+    from asyncrl.trainer.window import WindowConfig
+
+    name = "after" if prefetch else "before"
+    gateway, gateway_url = start_gateway(upstream_url, log_dir, name=f"gateway-{name}")
+    agents = _start_self(
+        ["--agents", gateway_url, "--calls", str(args.calls), "--prompt-tokens", str(args.prompt_tokens),
+         "--agent-concurrency", str(args.agent_concurrency)],
+        log_dir / f"agents-{name}.log",
+    )  # fmt: skip
+    train_batch = args.train_batch or max(1, args.groups // 2)
+    settings = LoopSettings(
+        window=WindowConfig(
+            train_batch_size=train_batch,
+            samples_per_prompt=args.rollouts,
+            async_enabled=True,
+            async_window_size=args.groups,
+            refill_during_collection=True,
+        ),
+        adapter=AdapterConfig(
+            max_prompt_tokens=args.prompt_tokens + 64, max_response_tokens=args.response_tokens
+        ),
+        rollout_timeout_seconds=3600,
+        total_steps=args.steps,
+        checkpoint_dir=None,
+        checkpoint_every_steps=1,
+        drain_timeout_seconds=600,
+        prefetch_rows=prefetch,
+    )
+    metrics_path = log_dir / f"metrics-{name}.jsonl"
+    backend = FixedCostBackend(upstream_url, args.update_seconds)
+    client = _measuring_client(gateway_url)
+    started = time.monotonic()
+    try:
+        async with client:
+            loop = StepLoop(
+                settings=settings,
+                gateway=client,
+                backend=backend,
+                prompts=PromptSource([{"prompt": f"p{i}"} for i in range(100_000)], shuffle=False, seed=0),
+                sinks=MetricsSinks([JsonLinesSink(metrics_path)]),
+            )
+            await loop.run()
+        peak = _peak_rss_bytes(gateway.process.pid)
+    finally:
+        _stop(agents)
+        gateway.stop()
+    lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    measured = lines[1:] or lines  # the first step also fills the window
+    pauses = [line["timing/pause_to_update_seconds"] for line in measured]
+    cpu = [b - a for a, b in zip(client.cpu_at_pause, client.cpu_at_pause[1:], strict=False)]
+    return {
+        "mode": name,
+        "gateway_peak_bytes": peak,
+        "pause_median": statistics.median(pauses),
+        "pause_max": max(pauses),
+        "bytes_per_step": client.events_bytes / len(lines),
+        "requests_while_paused": client.requests_while_paused,
+        "single_requests_while_paused": client.single_requests_while_paused,
+        "cpu_per_step": statistics.median(cpu) if cpu else float("nan"),
+        "rows": backend.rows_trained,
+        "seconds": time.monotonic() - started,
+        "train_batch": train_batch,
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="asyncrl-scale-") as tmp:
+        log_dir = Path(tmp)
+        port = free_port()
+        upstream = _start_self(
+            ["--serve-upstream", str(port), "--response-tokens", str(args.response_tokens)],
+            log_dir / "upstream.log",
+            ready_url=f"http://127.0.0.1:{port}/ready",
+        )
+        try:
+            results = []
+            for prefetch in (False, True):
+                results.append(
+                    await _one_mode(
+                        args, prefetch=prefetch, upstream_url=f"http://127.0.0.1:{port}", log_dir=log_dir
+                    )
+                )
+        finally:
+            _stop(upstream)
+    train_batch = results[0]["train_batch"]
+    print(
+        f"window {args.groups} groups x {args.rollouts} rollouts x {args.calls} calls of "
+        f"{args.prompt_tokens} + {args.response_tokens} tokens; "
+        f"trainBatchSize {train_batch}; {args.steps} steps; "
+        f"stand-in update: sleep {args.update_seconds}s; agent calls through the gateway's proxy"
+    )
+    print(
+        table(
+            ["mode", "gateway peak", "pause->update median", "max", "events MB/step", "requests paused",
+             "per-rollout paused", "trainer CPU s/step", "rows", "wall s"],
+            [
+                [r["mode"], f"{r['gateway_peak_bytes'] / 1024**2:.0f} MiB", f"{r['pause_median']:.3f}s",
+                 f"{r['pause_max']:.3f}s", f"{r['bytes_per_step'] / 1e6:.1f}", r["requests_while_paused"],
+                 r["single_requests_while_paused"], f"{r['cpu_per_step']:.2f}", r["rows"],
+                 f"{r['seconds']:.0f}"]
+                for r in results
+            ],
+        )
+    )  # fmt: skip
+    after = results[1]
+    print(
+        verdict(
+            "pause to update start <= 1 s",
+            after["pause_max"] <= TARGET_PAUSE_SECONDS,
+            f"{after['pause_max']:.3f}s",
+        )
+    )
+    print(
+        verdict(
+            "gateway peak <= 2 GiB",
+            after["gateway_peak_bytes"] <= TARGET_GATEWAY_BYTES,
+            f"{after['gateway_peak_bytes'] / 1024**2:.0f} MiB",
+        )
+    )
+    print(
+        verdict(
+            "no per-rollout request at pause time",
+            after["single_requests_while_paused"] == 0,
+            str(after["single_requests_while_paused"]),
+        )
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--groups", type=int, default=128, help="asyncWindowSize (prompt groups in flight)")
+    parser.add_argument("--rollouts", type=int, default=8, help="rollouts per group (samplesPerPrompt)")
+    parser.add_argument("--calls", type=int, default=20, help="model calls per rollout")
+    parser.add_argument("--prompt-tokens", type=int, default=2000)
+    parser.add_argument("--response-tokens", type=int, default=500)
+    parser.add_argument("--train-batch", type=int, default=None, help="trainBatchSize (default groups / 2)")
+    parser.add_argument("--steps", type=int, default=3, help="updates per mode (the first is not measured)")
+    parser.add_argument("--update-seconds", type=float, default=2.0, help="cost of the stand-in update")
+    parser.add_argument("--agent-concurrency", type=int, default=64, help="rollouts the agents run at once")
+    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--agents", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    if arguments.serve_upstream:
+        serve_upstream(arguments.serve_upstream, arguments.response_tokens)
+    elif arguments.agents:
+        asyncio.run(
+            run_agents(
+                arguments.agents,
+                calls=arguments.calls,
+                prompt_tokens=arguments.prompt_tokens,
+                concurrency=arguments.agent_concurrency,
+            )
+        )
+    else:
+        asyncio.run(main(arguments))
