@@ -27,11 +27,12 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
+from asyncrl.api import AsyncTrainingRun, InvalidRunError
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.gateway.sampling import sampling_args
 from asyncrl.local.agents import LocalAgents
+from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.testing.controlplane import free_port
 from asyncrl.trainer.failures import EXIT_CONFIG_ERROR, PERMANENT_EXIT_CODES
 
@@ -60,13 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_manifest(path: Path) -> tuple[dict[str, Any], AsyncTrainingRun]:
     try:
-        manifest = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise SystemExit(f"asyncrl local run: cannot read {path}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise SystemExit(f"asyncrl local run: {path} is not valid YAML: {error}") from error
-    try:
-        return manifest, load_run(manifest)
+        manifest = read_manifest(path)
+        return manifest.document, manifest.run()
+    except ManifestError as error:
+        raise SystemExit(f"asyncrl local run: {error}") from error
     except InvalidRunError as error:
         raise SystemExit(f"asyncrl local run: {path}: {error}") from error
 
