@@ -201,3 +201,20 @@ def test_render_agent_job_with_invalid_fields_lists_each_one(tmp_path: Path) -> 
     assert result.stderr.strip() == (
         f"asyncrl render-agent-job: {path}: spec.trainer.checkpont: unknown field; did you mean checkpoint?"
     )
+
+
+@pytest.mark.controlplane
+def test_the_rendered_agent_job_is_admitted_by_the_real_api_server(
+    kubectl: list[str], namespace: str
+) -> None:
+    rendered = asyncrl("render-agent-job", QUICKSTART, "--row", "1", "--namespace", namespace)
+    assert rendered.returncode == 0, rendered.stderr
+    created = subprocess.run(
+        [*kubectl, "create", "--dry-run=server", "-o", "name", "-f", "-"],
+        input=rendered.stdout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.strip() == f"job.batch/{names.agent_job_name('quickstart', 's0-row1-r0')}"
