@@ -36,6 +36,18 @@ def _local_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from asyncrl.manifest.validate import run
+
+    return run(args)
+
+
+def _render_agent_job(args: argparse.Namespace) -> int:
+    from asyncrl.manifest.agent_job import run
+
+    return run(args)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from asyncrl.api.crd import run
 
@@ -94,6 +106,25 @@ def build_parser() -> argparse.ArgumentParser:
     local_run = local_commands.add_parser("run", help="run gateway, trainer and agents as local processes")
     local_run_arguments(local_run)
     local_run.set_defaults(handler=_local_run)
+
+    from asyncrl.manifest.validate import add_arguments as validate_arguments
+
+    validate = commands.add_parser(
+        "validate",
+        help="check manifests as kubectl apply and the operator would (fields, rules, agent template); "
+        "one line per problem, exit 1 if any",
+    )
+    validate_arguments(validate)
+    validate.set_defaults(handler=_validate)
+
+    from asyncrl.manifest.agent_job import add_arguments as render_arguments
+
+    render = commands.add_parser(
+        "render-agent-job",
+        help="print the agent Job the operator would create for a row of the run's data (YAML)",
+    )
+    render_arguments(render)
+    render.set_defaults(handler=_render_agent_job)
 
     crd = commands.add_parser(
         "crd", help="print, --write or --check the CRD (and its reference docs) generated from the API types"

@@ -197,8 +197,20 @@ def test_api_version_and_kind_are_checked() -> None:
 def test_manifests_use_wire_names_only() -> None:
     spec = {**REQUIRED_ONLY_SPEC, "train_batch_size": 8, "typo": 1}
     assert _errors(_manifest(spec)) == [
-        "spec.train_batch_size: Extra inputs are not permitted",
-        "spec.typo: Extra inputs are not permitted",
+        "spec.train_batch_size: unknown field; did you mean trainBatchSize?",
+        "spec.typo: unknown field; the fields here are " + ", ".join(sorted(_spec_fields())),
+    ]
+
+
+def _spec_fields() -> list[str]:
+    return [field.alias or name for name, field in AsyncTrainingRunSpec.model_fields.items()]
+
+
+def test_an_unknown_field_is_told_the_closest_known_name_at_its_level() -> None:
+    spec = {**REQUIRED_ONLY_SPEC, "rollout": {"samplesPerPromt": 4}, "data": {"path": "/d", "shufle": False}}
+    assert _errors(_manifest(spec)) == [
+        "spec.data.shufle: unknown field; did you mean shuffle?",
+        "spec.rollout.samplesPerPromt: unknown field; did you mean samplesPerPrompt?",
     ]
 
 

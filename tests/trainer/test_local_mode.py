@@ -106,6 +106,11 @@ def test_local_run_trains_asynchronously_and_logs_the_seed_metrics(tmp_path: Pat
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
     assert "CARRY-OVER" in output  # the live status table
+    assert "FAILED" in output
+    assert "run finished\n  steps:    4 (step 0 to 3)\n" in output
+    assert re.search(r"  rollouts: \d+ ended: \d+ succeeded, 0 failed, 0 timed out, \d+ cancelled\n", output)
+    assert re.search(r"  reward:   -?\d\.\d{3} \(step 0\) -> -?\d\.\d{3} \(step 3\)\n", output), output
+    assert f"  logs:     {tmp_path / 'work'}/ (trainer.log" in output
 
     steps = _metrics(tmp_path)
     assert [row["step"] for row in steps] == [0, 1, 2, 3]
@@ -208,6 +213,37 @@ def test_a_run_whose_agents_always_crash_fails_after_max_failed_steps_without_re
     assert process.returncode == 79, output
     assert "trainer stopped (run failed, exit code 79), not restarted" in output
     assert "spec.maxFailedSteps" in output
+    assert "run failed: spec.maxFailedSteps steps in a row had nothing to train (exit code 79)" in output
+    failed_column = [line.split()[6] for line in output.splitlines() if re.match(r"\s+\d+\s+\d+", line)]
+    assert failed_column, output
+    assert int(failed_column[-1]) >= 8, output  # 2 steps x 2 groups x 2 samples, at least
+    assert re.search(r"  rollouts: \d+ ended: 0 succeeded, \d+ failed", output), output
     assert "restarting it" not in output
     assert [row["step"] for row in _metrics(tmp_path)] == [0, 1]
+    assert processes_of_run(tmp_path / "work") == []
+
+
+def test_a_trainer_that_refuses_its_data_path_fails_the_run_with_the_reason_on_the_console(
+    tmp_path: Path,
+) -> None:
+    """Before: the trainer crashed on the missing file, was restarted three times, and the console said only
+    'trainer failed 4 times; see trainer.log'."""
+    path = _manifest(tmp_path, steps=2, every=100)
+    manifest: dict[str, Any] = yaml.safe_load(path.read_text())
+    manifest["spec"]["data"] = {"path": str(tmp_path / "missing.parquet")}
+    path.write_text(yaml.safe_dump(manifest))
+    process = _local_run(tmp_path, path)
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:
+        kill_what_is_left(process, tmp_path / "work")
+    assert process.returncode == 78, output
+    assert (
+        "trainer stopped (configuration error, exit code 78), not restarted: asyncrl trainer: "
+        f"spec.data.path: cannot read data file {tmp_path / 'missing.parquet'}: No such file or directory"
+        in output
+    ), output
+    assert "restarting it" not in output
+    assert "run failed: the trainer refused its configuration (exit code 78)" in output
+    assert "  steps:    none trained" in output
     assert processes_of_run(tmp_path / "work") == []

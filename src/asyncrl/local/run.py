@@ -27,14 +27,17 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
+from asyncrl.api import AsyncTrainingRun, InvalidRunError
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
+from asyncrl.gateway.models import TrainerReport
 from asyncrl.gateway.sampling import sampling_args
 from asyncrl.local.agents import LocalAgents
+from asyncrl.local.report import RunTally, header
+from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.plot import plot_hint
 from asyncrl.testing.controlplane import free_port
-from asyncrl.trainer.failures import EXIT_CONFIG_ERROR, PERMANENT_EXIT_CODES
+from asyncrl.trainer.failures import EXIT_CODES, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, PERMANENT_EXIT_CODES
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,6 @@ GATEWAY_RESTARTS = 5  # per run; a gateway that keeps dying ends the run
 STOP_GRACE_SECONDS = 3.0  # SIGTERM, then SIGKILL: Ctrl-C ends everything within seconds, also under load
 KILL_WAIT_SECONDS = 5.0
 RUN_MARKER_ENV_VAR = "ASYNCRL_LOCAL_RUN"
-COLUMNS = ("STEP", "ACTIVE", "CARRY-OVER", "MAX-AGE", "DRAIN", "REWARD", "RUNNING", "STEP-S")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,13 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_manifest(path: Path) -> tuple[dict[str, Any], AsyncTrainingRun]:
     try:
-        manifest = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise SystemExit(f"asyncrl local run: cannot read {path}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise SystemExit(f"asyncrl local run: {path} is not valid YAML: {error}") from error
-    try:
-        return manifest, load_run(manifest)
+        manifest = read_manifest(path)
+        return manifest.document, manifest.run()
+    except ManifestError as error:
+        raise SystemExit(f"asyncrl local run: {error}") from error
     except InvalidRunError as error:
         raise SystemExit(f"asyncrl local run: {path}: {error}") from error
 
@@ -102,6 +101,10 @@ class _Process:
     async def wait(self) -> int:
         assert self.process is not None
         return await self.process.wait()
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.returncode
 
 
 async def stop_process_groups(pids: list[int], *, grace_seconds: float) -> list[int]:
@@ -195,31 +198,29 @@ async def _supervise_gateway(gateway: _Process, client: GatewayClient, out: Text
     )
 
 
-async def _status_lines(gateway: GatewayClient, agents: LocalAgents, out: TextIO) -> None:
-    out.write("  ".join(f"{column:>10}" for column in COLUMNS) + "\n")
+async def _status_lines(gateway: GatewayClient, agents: LocalAgents, tally: RunTally, out: TextIO) -> None:
+    out.write(header() + "\n")
     out.flush()
     last_step = -1
     while True:
         with contextlib.suppress(Exception):
             summary = await gateway.summary(after_step=last_step, wait_seconds=30)
+            with contextlib.suppress(Exception):
+                tally.record_stats(await gateway.stats())
             if summary is None or summary.step <= last_step:
                 continue
             last_step = summary.step
-            metrics = summary.metrics
-            values = (
-                summary.step,
-                summary.active_groups,
-                int(metrics.get("training/async/n_new_carry_over_rollouts", 0)),
-                int(metrics.get("training/async/new_carry_over_age_max_steps", 0)),
-                f"{metrics.get('training/async/proxy_drain_seconds', 0.0):.3f}",
-                f"{metrics.get('training/reward_mean', 0.0):.3f}",
-                agents.active,
-                f"{metrics.get('timing/step_seconds', 0.0):.1f}",
-            )
-            out.write("  ".join(f"{value!s:>10}" for value in values) + "\n")
+            tally.record_step(summary)
+            out.write(tally.status_line(summary, running_agents=agents.active) + "\n")
             out.flush()
             continue
         await asyncio.sleep(1.0)
+
+
+async def _final_stats(client: GatewayClient, tally: RunTally) -> None:
+    """The gateway's last totals, before it is stopped (rollouts that ended after the last step)."""
+    with contextlib.suppress(Exception):
+        tally.record_stats(await asyncio.wait_for(client.stats(), timeout=5.0))
 
 
 async def run_locally(args: argparse.Namespace) -> int:
@@ -272,6 +273,8 @@ async def run_locally(args: argparse.Namespace) -> int:
     stop_signal = _StopSignal()
     tasks: list[asyncio.Task[Any]] = []
     agents: LocalAgents | None = None
+    tally = RunTally()
+    outcome = "stopped"
     try:
         async with GatewayClient(gateway_url, key) as client:
             await _start_gateway(gateway, client)
@@ -287,30 +290,51 @@ async def run_locally(args: argparse.Namespace) -> int:
             )
             tasks = [
                 asyncio.create_task(agents.run()),
-                asyncio.create_task(_status_lines(client, agents, out)),
+                asyncio.create_task(_status_lines(client, agents, tally, out)),
             ]
-            trainer_done = asyncio.create_task(_supervise_trainer(trainer, out))
+            trainer_done = asyncio.create_task(_supervise_trainer(trainer, client, out))
             gateway_done = asyncio.create_task(_supervise_gateway(gateway, client, out))
             stopped = asyncio.create_task(stop_signal.wait())
             tasks += [trainer_done, gateway_done, stopped]
-            await asyncio.wait([trainer_done, gateway_done, stopped], return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait([trainer_done, gateway_done, stopped], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await _final_stats(client, tally)
             if stopped.done():
+                outcome = f"{stop_signal.received} (exit code {stop_signal.exit_code})"
                 return stop_signal.exit_code
             if gateway_done.done():
                 gateway_done.result()  # raises RunFailed
             code = trainer_done.result()
-            out.write(f"trainer finished with exit code {code}; metrics and logs in {work_dir}\n")
-            out.write(plot_hint(args.metrics_file))
+            outcome = trainer_outcome(code)
             return code
     except RunFailed as error:
         out.write(f"asyncrl local run: {error}; stopping the run\n")
+        outcome = f"failed: {error} (exit code 1)"
         return 1
     finally:
         stop_signal.uninstall()
         report = await _stop_everything(tasks, agents, trainer, gateway)
         if stop_signal.received is not None:
             out.write(f"\n{stop_signal.received}: {report}\n")
+        metrics_file = args.metrics_file.absolute() if args.metrics_file is not None else None
+        for line in tally.summary(outcome=outcome, work_dir=work_dir, metrics_file=metrics_file):
+            out.write(line + "\n")
+        out.write(plot_hint(metrics_file))
         out.flush()
+
+
+def trainer_outcome(code: int) -> str:
+    """How the run ended, from the trainer's exit code (after its restarts)."""
+    match code:
+        case 0:
+            return "finished"
+        case _ if code == EXIT_CONFIG_ERROR:
+            return f"failed: the trainer refused its configuration (exit code {code})"
+        case _ if code == EXIT_RUN_FAILED:
+            return f"failed: spec.maxFailedSteps steps in a row had nothing to train (exit code {code})"
+        case _:
+            return f"failed: the trainer kept failing, {TRAINER_RESTARTS} restarts (exit code {code})"
 
 
 class _StopSignal:
@@ -364,7 +388,7 @@ async def _stop_everything(
     return f"stopped {what}; no process of the run is left"
 
 
-async def _supervise_trainer(trainer: _Process, out: TextIO) -> int:
+async def _supervise_trainer(trainer: _Process, gateway: GatewayClient, out: TextIO) -> int:
     """Run the trainer; after a crash restart it (it resumes), as the trainer pod's restartPolicy does."""
     code = 0
     for attempt in range(TRAINER_RESTARTS + 1):
@@ -374,16 +398,26 @@ async def _supervise_trainer(trainer: _Process, out: TextIO) -> int:
             return 0
         if code in PERMANENT_EXIT_CODES:  # a restart cures neither a wrong setting nor a stuck run
             what = "configuration error" if code == EXIT_CONFIG_ERROR else "run failed"
-            out.write(
-                f"trainer stopped ({what}, exit code {code}), not restarted: {_last_line(trainer.log_path)}\n"
-            )
+            reason = await _trainer_reason(trainer, gateway)
+            out.write(f"trainer stopped ({what}, exit code {code}), not restarted: {reason}\n")
             out.flush()
             return code
         if attempt < TRAINER_RESTARTS:
             out.write(f"trainer exited with {code}; restarting it (it resumes from its checkpoint)\n")
             out.flush()
-    out.write(f"trainer failed {TRAINER_RESTARTS + 1} times; see {trainer.log_path}\n")
+    reason = await _trainer_reason(trainer, gateway)
+    out.write(f"trainer failed {TRAINER_RESTARTS + 1} times; the last error: {reason}\n")
     return code
+
+
+async def _trainer_reason(trainer: _Process, gateway: GatewayClient) -> str:
+    """Why the trainer stopped: the report it left with the gateway, else the last line of its log."""
+    with contextlib.suppress(Exception):
+        stats = await asyncio.wait_for(gateway.stats(), timeout=5.0)
+        report = TrainerReport.model_validate(stats["trainer_report"])
+        if EXIT_CODES[report.outcome] == trainer.returncode:  # not an earlier attempt's report
+            return f"{report.message} (more in {trainer.log_path})"
+    return f"{_last_line(trainer.log_path)} (more in {trainer.log_path})"
 
 
 def _last_line(path: Path) -> str:

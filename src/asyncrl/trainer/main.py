@@ -21,7 +21,7 @@ from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.gateway.models import TrainerOutcome, TrainerReport
 from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.backends import TrainerBackend as Backend
-from asyncrl.trainer.data import PromptSource, load_rows_file
+from asyncrl.trainer.data import DataError, PromptSource, load_rows_file
 from asyncrl.trainer.failures import EXIT_CODES, RunFailed
 from asyncrl.trainer.loop import LoopSettings, StepLoop
 from asyncrl.trainer.metrics import (
@@ -85,11 +85,18 @@ def rows_of(run: AsyncTrainingRun, data_file: Path | None) -> list[Any]:
     data = run.spec.data
     if data.inline is not None:
         return list(data.inline)
-    if data.path is not None:
-        return load_rows_file(Path(data.path))
-    if data_file is None:
+    if data.path is None and data_file is None:
         raise SystemExit("asyncrl trainer: data.configMapRef needs --data-file (the operator mounts it)")
-    return load_rows_file(data_file)
+    path, field = (
+        (Path(data.path), "spec.data.path")
+        if data.path is not None
+        else (data_file, "spec.data.configMapRef")
+    )
+    assert path is not None
+    try:
+        return load_rows_file(path)
+    except DataError as error:  # the run's data is wrong: a configuration error, not cured by a restart
+        raise SystemExit(f"asyncrl trainer: {field}: {error}") from error
 
 
 def build_backend(run: AsyncTrainingRun, *, inference_port: int, checkpoint_dir: Path | None) -> Backend:

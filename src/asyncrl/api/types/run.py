@@ -175,6 +175,12 @@ def _field_error(detail: ErrorDetails) -> FieldError:
         location.extend(cause.field_path)
     message = str(cause) if isinstance(cause, ValueError) else _scalar_message(detail) or detail["msg"]
     path = ".".join(location).replace(".[", "[")
-    if detail["type"] == "extra_forbidden" and path in RENAMED_FIELDS:
-        message = f"renamed to {RENAMED_FIELDS[path]} (CHANGELOG.md)"
+    if detail["type"] == "extra_forbidden":
+        if path in RENAMED_FIELDS:
+            message = f"renamed to {RENAMED_FIELDS[path]} (CHANGELOG.md)"
+        else:
+            from asyncrl.api.field_names import unknown_field_message
+
+            *parent, field = detail["loc"]
+            message = unknown_field_message(str(field), parent)
     return FieldError(path=path, message=message)

@@ -251,14 +251,19 @@ class DataSpec(ApiModel):
         description="Rows written in the manifest; each row's value becomes each rollout's `input`.",
     )
     config_map_ref: ConfigMapKeyRef | None = Field(
-        default=None, description="A ConfigMap key holding a JSON-lines or JSON-array file of rows."
+        default=None,
+        description=(
+            "A ConfigMap key holding a file of rows: JSON lines, a JSON array, or parquet (in binaryData)."
+        ),
     )
     path: str | None = Field(
         default=None,
         min_length=1,
         description=(
-            "A JSON-lines or JSON-array file of rows in the trainer container, on a volume of "
-            "trainer.podTemplate.volumes mounted with trainer.podTemplate.trainerContainer.volumeMounts."
+            "A file of rows in the trainer container, on a volume of trainer.podTemplate.volumes mounted "
+            "with trainer.podTemplate.trainerContainer.volumeMounts: JSON lines, a JSON array or parquet "
+            "(told by its content, not its name), or a folder of *.parquet files. A parquet row is an "
+            "object of its columns; nested columns (verl's prompt messages, reward_model) become JSON."
         ),
     )
     shuffle: bool = Field(

@@ -1,0 +1,95 @@
+"""What `asyncrl local run` tells its user: the status line of each step and the summary at the end.
+
+Pure bookkeeping, fed by the supervisor with what the gateway reports (the trainer's window summaries and the
+store's rollout totals). The totals live in the gateway's memory, so a restarted gateway starts again from
+zero: they are kept per gateway instance and added up, and a restart loses none of them from the summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.gateway.models import WindowSummary
+from asyncrl.rollouts import TERMINAL_STATES, RolloutState
+
+COLUMNS = ("STEP", "ACTIVE", "CARRY-OVER", "MAX-AGE", "DRAIN", "REWARD", "FAILED", "RUNNING", "STEP-S")
+REWARD_METRIC = "training/reward_mean"
+# The order of outcomes in the summary; the names are the rollout states, as `kubectl get atr` counts them.
+OUTCOMES = (RolloutState.SUCCEEDED, RolloutState.FAILED, RolloutState.TIMED_OUT, RolloutState.CANCELLED)
+
+
+def header() -> str:
+    return "  ".join(f"{column:>10}" for column in COLUMNS)
+
+
+@dataclass
+class RunTally:
+    """Steps, rewards and rollout outcomes seen so far in one local run."""
+
+    first_step: int | None = None
+    last_step: int | None = None
+    first_reward: float | None = None
+    last_reward: float | None = None
+    _totals: dict[str, dict[str, int]] = field(default_factory=dict)  # gateway instance -> state -> count
+
+    def record_stats(self, stats: Mapping[str, Any]) -> None:
+        """The gateway's `/api/stats`: its instance and the rollouts that ended there, by state."""
+        totals = stats.get("finished_totals")
+        if isinstance(totals, Mapping):
+            instance = str(stats.get("instance_id") or "")
+            self._totals[instance] = {str(state): int(count) for state, count in totals.items()}
+
+    def record_step(self, summary: WindowSummary) -> None:
+        reward = summary.metrics.get(REWARD_METRIC)
+        if self.first_step is None:
+            self.first_step, self.first_reward = summary.step, reward
+        self.last_step, self.last_reward = summary.step, reward
+
+    def count(self, state: RolloutState) -> int:
+        """Rollouts that ended in `state` in this run, over every gateway instance."""
+        return sum(totals.get(state.value, 0) for totals in self._totals.values())
+
+    @property
+    def failed(self) -> int:
+        return self.count(RolloutState.FAILED)
+
+    def status_line(self, summary: WindowSummary, *, running_agents: int) -> str:
+        metrics = summary.metrics
+        values = (
+            summary.step,
+            summary.active_groups,
+            int(metrics.get("training/async/n_new_carry_over_rollouts", 0)),
+            int(metrics.get("training/async/new_carry_over_age_max_steps", 0)),
+            f"{metrics.get('training/async/proxy_drain_seconds', 0.0):.3f}",
+            f"{metrics.get(REWARD_METRIC, 0.0):.3f}",
+            self.failed,
+            running_agents,
+            f"{metrics.get('timing/step_seconds', 0.0):.1f}",
+        )
+        return "  ".join(f"{value!s:>10}" for value in values)
+
+    def summary(self, *, outcome: str, work_dir: Path, metrics_file: Path | None) -> list[str]:
+        """The lines printed when the run ends, whatever ended it."""
+        lines = [f"run {outcome}"]
+        if self.first_step is None or self.last_step is None:
+            lines.append("  steps:    none trained")
+        else:
+            n_steps = self.last_step - self.first_step + 1
+            lines.append(f"  steps:    {n_steps} (step {self.first_step} to {self.last_step})")
+        ended = {state: self.count(state) for state in OUTCOMES}
+        assert set(OUTCOMES) == TERMINAL_STATES
+        total = sum(ended.values())
+        by_outcome = ", ".join(f"{count} {state.value.replace('_', ' ')}" for state, count in ended.items())
+        lines.append(f"  rollouts: {total} ended: {by_outcome}")
+        if self.first_reward is not None and self.last_reward is not None:
+            lines.append(
+                f"  reward:   {self.first_reward:.3f} (step {self.first_step}) -> "
+                f"{self.last_reward:.3f} (step {self.last_step})"
+            )
+        lines.append(f"  logs:     {work_dir}/ (trainer.log, gateway.log, agents/)")
+        if metrics_file is not None:
+            lines.append(f"  metrics:  {metrics_file}")
+        return lines

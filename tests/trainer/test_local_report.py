@@ -1,0 +1,54 @@
+"""Local mode's status line and end-of-run summary: pure bookkeeping over what the gateway reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.gateway.models import WindowSummary
+from asyncrl.local.report import COLUMNS, RunTally, header
+
+
+def _summary(step: int, reward: float) -> WindowSummary:
+    return WindowSummary(step=step, metrics={"training/reward_mean": reward}, active_groups=3)
+
+
+def test_rollout_totals_survive_a_gateway_restart_that_starts_its_counts_from_zero() -> None:
+    tally = RunTally()
+    tally.record_stats({"instance_id": "a", "finished_totals": {"succeeded": 10, "failed": 2}})
+    tally.record_stats({"instance_id": "a", "finished_totals": {"succeeded": 12, "failed": 3}})
+    tally.record_stats({"instance_id": "b", "finished_totals": {"succeeded": 1, "failed": 1, "timed_out": 2}})
+    assert tally.failed == 4  # 3 before the restart, 1 after; the first report of "a" is not counted twice
+    lines = tally.summary(outcome="finished", work_dir=Path("/w"), metrics_file=None)
+    assert "  rollouts: 19 ended: 13 succeeded, 4 failed, 2 timed out, 0 cancelled" in lines
+
+
+def test_the_status_line_has_a_failed_column_under_its_header() -> None:
+    tally = RunTally()
+    tally.record_stats({"instance_id": "a", "finished_totals": {"failed": 7}})
+    line = tally.status_line(_summary(4, 0.5), running_agents=2)
+    cells = line.split()
+    assert len(cells) == len(COLUMNS) == len(header().split())
+    assert cells[COLUMNS.index("FAILED")] == "7"
+    assert cells[COLUMNS.index("REWARD")] == "0.500"
+    assert cells[COLUMNS.index("RUNNING")] == "2"
+
+
+def test_the_summary_gives_steps_reward_first_to_last_and_where_the_logs_are() -> None:
+    tally = RunTally()
+    for step, reward in ((3, 0.25), (4, 0.5), (6, 0.75)):  # resumed at 3; step 5's line was not seen
+        tally.record_step(_summary(step, reward))
+    lines = tally.summary(outcome="finished", work_dir=Path("/w"), metrics_file=Path("/m.jsonl"))
+    assert lines == [
+        "run finished",
+        "  steps:    4 (step 3 to 6)",
+        "  rollouts: 0 ended: 0 succeeded, 0 failed, 0 timed out, 0 cancelled",
+        "  reward:   0.250 (step 3) -> 0.750 (step 6)",
+        "  logs:     /w/ (trainer.log, gateway.log, agents/)",
+        "  metrics:  /m.jsonl",
+    ]
+
+
+def test_a_run_that_trained_nothing_says_so_and_gives_no_reward() -> None:
+    lines = RunTally().summary(outcome="failed: x (exit code 78)", work_dir=Path("/w"), metrics_file=None)
+    assert lines[:2] == ["run failed: x (exit code 78)", "  steps:    none trained"]
+    assert not any("reward" in line for line in lines)
