@@ -84,7 +84,7 @@ class _Choice:
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     chat_logprobs: list[Any] | None = None
-    completion_logprobs: dict[str, list[Any]] | None = None
+    completion_logprobs: dict[str, list[Any] | None] | None = None
     finish_reason: str | None = None
     stop_reason: Any = None
 
@@ -174,7 +174,9 @@ class StreamAssembly:
             for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                 part = logprobs.get(key)
                 if isinstance(part, list):
-                    merged[key] = merged.get(key, []) + part
+                    merged[key] = (merged.get(key) or []) + part
+                elif key in logprobs:
+                    merged.setdefault(key, None)  # e.g. top_logprobs with logprobs: 0
             choice.completion_logprobs = merged
 
     def response(self) -> dict[str, Any]:
