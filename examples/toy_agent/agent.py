@@ -7,6 +7,9 @@ model to finish. The reward is the share of the final answer made of the letters
 from-scratch reference model the mean reward rises within a few minutes on 2 CPU cores.
 
 It uses only `asyncrl.agent`: the AGL_* variables, a client that waits out pauses, and report_reward.
+With `"stream": true` in the row (or TOY_AGENT_STREAM=1) it streams both model calls (`stream: true`,
+server-sent events read chunk by chunk, as an agent UI would): the gateway captures them for training
+exactly like plain calls.
 """
 
 from __future__ import annotations
@@ -15,10 +18,44 @@ import json
 import os
 import random
 import time
+from typing import Any
+
+import httpx
 
 from asyncrl.agent import AgentEnvironment, chat, report_reward
 
-# A row: {"prompt": "write", "target": "ab", "tool_seconds": 0.5} (the tool's median latency).
+# A row: {"prompt": "write", "target": "ab", "tool_seconds": 0.5} (the tool's median latency);
+# add "stream": true to stream the model calls.
+RETRYABLE = frozenset({429, 502, 503, 504})
+
+
+def stream_chat(messages: list[dict[str, Any]], env: AgentEnvironment, **params: Any) -> str:
+    """A streamed chat completion's text, read event by event; waits out 429s (Reject mode) and retries."""
+    body = {"model": "policy", "messages": messages, "stream": True, **params}
+    url = f"{env.openai_base_url}/chat/completions"
+    deadline = time.monotonic() + 1800
+    with httpx.Client(headers={"authorization": f"Bearer {env.key}"}, timeout=600.0) as http:
+        while True:
+            with http.stream("POST", url, json=body) as response:
+                if response.status_code == 200:
+                    return "".join(_contents(response.iter_lines()))
+                response.read()
+                if response.status_code not in RETRYABLE or time.monotonic() > deadline:
+                    response.raise_for_status()
+                time.sleep(float(response.headers.get("retry-after", "1")))
+
+
+def _contents(lines: Any) -> list[str]:
+    pieces = []
+    for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: ") :])
+        if "error" in chunk:
+            raise RuntimeError(f"the model call failed mid-stream: {chunk['error']}")
+        for choice in chunk.get("choices") or []:
+            pieces.append(choice.get("delta", {}).get("content") or "")
+    return pieces
 
 
 def reward_of(text: str, target: str) -> float:
@@ -34,14 +71,21 @@ def main() -> None:
     target = str(row.get("target", "ab"))
     prompt = str(row.get("prompt", "write"))
     rng = random.Random(os.environ.get("AGL_KEY"))
+    streaming = bool(row.get("stream")) or os.environ.get("TOY_AGENT_STREAM") == "1"
+
+    def ask(messages: list[dict[str, Any]]) -> str:
+        if streaming:
+            return stream_chat(messages, env, max_tokens=12, temperature=1.0)
+        return str(chat(messages, env, max_tokens=12, temperature=1.0)["choices"][0]["message"]["content"])
+
     messages = [{"role": "user", "content": f"{prompt} using {target}"}]
-    first = chat(messages, env, max_tokens=12, temperature=1.0)["choices"][0]["message"]["content"]
+    first = ask(messages)
     median = float(row.get("tool_seconds", 0.5))
     time.sleep(
         min(16 * median, median * rng.lognormvariate(0.0, 0.9))
     )  # the tool: usually fast, sometimes slow
     messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "tool: ok. finish"}]
-    second = chat(messages, env, max_tokens=12, temperature=1.0)["choices"][0]["message"]["content"]
+    second = ask(messages)
     report_reward(reward_of(first + second, target), env)
 
 

@@ -36,11 +36,14 @@ SEED_METRICS = [
 ]
 
 
-def _manifest(tmp_path: Path, *, steps: int, every: int, tool_seconds: float = 0.1) -> Path:
+def _manifest(
+    tmp_path: Path, *, steps: int, every: int, tool_seconds: float = 0.1, stream: bool = False
+) -> Path:
     manifest: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart-local.yaml").read_text())
     spec = manifest["spec"]
     spec["data"]["inline"] = [
-        {"prompt": p, "target": "ab", "tool_seconds": tool_seconds} for p in ("w", "x", "y", "z")
+        {"prompt": p, "target": "ab", "tool_seconds": tool_seconds, "stream": stream}
+        for p in ("w", "x", "y", "z")
     ]
     spec.update(trainBatchSize=2, totalSteps=steps)
     spec["rollout"]["samplesPerPrompt"] = 2
@@ -129,6 +132,19 @@ def test_local_run_trains_asynchronously_and_logs_the_seed_metrics(tmp_path: Pat
     assert len(logged) == 4
     for metric in SEED_METRICS:
         assert [row[metric] for row in logged] == [row[metric] for row in steps]
+
+
+def test_the_toy_agent_switched_to_streaming_is_trained_on_its_streamed_calls(tmp_path: Path) -> None:
+    process = _local_run(tmp_path, _manifest(tmp_path, steps=2, every=2, stream=True))
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    steps = _metrics(tmp_path)
+    assert [row["step"] for row in steps] == [0, 1]
+    for row in steps:
+        assert "training/update/loss" in row
+        assert row["training/adapter/rows"] > 0  # rows built from the captured streamed calls
+        assert row["training/adapter/dropped_calls_without_tokens"] == 0
+        assert row["training/adapter/dropped_calls_without_logprobs"] == 0
 
 
 def test_a_trainer_killed_mid_run_redoes_its_lost_steps_and_counts_each_step_once(tmp_path: Path) -> None:

@@ -3,7 +3,9 @@
 The proxy stores each call as raw bytes (cheap on the hot path); parsing happens here, when the trainer
 reads a rollout's events. The shapes read are vLLM's OpenAI-compatible responses with `return_token_ids` and
 `logprobs`, which the reference model server also produces. vLLM puts the prompt's token ids at the top
-level of a chat completion but inside each choice of a text completion; both are read.
+level of a chat completion but inside each choice of a text completion; both are read. A streamed call is
+stored as the body `streaming.StreamAssembly` built from its chunks, so it reads like any other; one the agent
+abandoned is `aborted` (status 499, which the trainer's adapter drops as failed).
 
 The events document is the trainer's one read of a rollout, so nothing an agent stored may make it fail:
 each call and each event is encoded on its own, and one that cannot be (too deep, NaN, an odd upstream
@@ -78,6 +80,7 @@ def parse_call(call: CapturedCall) -> dict[str, Any]:
         "response_token_ids": choice.get("token_ids"),
         "response_logprobs": _choice_logprobs(choice),
         "agent_sampling": call.agent_sampling,
+        "aborted": call.aborted,
     }
 
 

@@ -84,6 +84,19 @@ class GatewayMetrics:
             "Model calls in flight cancelled upstream by a pause with abort (drain policy Abort).",
             registry=self.registry,
         )
+        self.streamed_calls = Counter(
+            "asyncrl_gateway_streamed_calls",
+            "Streamed model calls (stream: true) by how they ended: completed, abandoned by the agent "
+            "(cancelled upstream, captured as aborted), failed (the upstream's stream broke).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.stream_first_chunk = Histogram(
+            "asyncrl_gateway_stream_first_chunk_seconds",
+            "Time from forwarding a streamed call to its first upstream chunk (held time excluded).",
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
         self.drain_seconds = Gauge(
             "asyncrl_gateway_last_drain_seconds",
             "Duration of the last pause's drain.",

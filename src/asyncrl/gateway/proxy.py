@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -30,8 +31,10 @@ from asyncrl.gateway.door import Refused, RouteAccess, authorize, parse_json, re
 from asyncrl.gateway.hold import HeldCalls, HoldRefused
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState, header_seconds
+from asyncrl.gateway.relay import Answered, StreamOutcome, open_stream, pump
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.gateway.store import CapturedCall, RolloutStore, UnknownAttempt, check_attempt
+from asyncrl.gateway.streaming import StreamAssembly, include_usage
 from asyncrl.pausing import PauseMode
 
 logger = logging.getLogger(__name__)
@@ -174,8 +177,7 @@ class ProxyHandler:
         body = parse_json(raw, max_depth=self.config.max_json_depth)
         if not isinstance(body, dict):
             raise Refused(400, "request body must be a JSON object")
-        if body.get("stream"):
-            raise Refused(400, "streaming is not supported by the gateway; send stream=false")
+        streamed = _streamed(body)
         try:
             sampling = apply_rollout_sampling(
                 body,
@@ -195,6 +197,17 @@ class ProxyHandler:
             model=self.model,
             capture=self.config.capture_token_ids and mode == "train",
         )
+        if streamed:
+            forwarded["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            call = _Call(
+                rollout_id=rollout_id,
+                attempt_id=attempt_id,
+                endpoint=endpoint,
+                request_bytes=json.dumps(forwarded).encode(),
+                agent_sampling=sampling.asked,
+                agent_wants_usage=include_usage(body),
+            )
+            return await self._handle_stream(call, receive, send)
         request_bytes = json.dumps(forwarded).encode()
         while True:
             if self.pause.paused or not self.upstreams.urls:
@@ -238,6 +251,119 @@ class ProxyHandler:
                 raise self._refusal()
         await _send_bytes(send, status, response, content_type)
         return status
+
+    async def _handle_stream(self, call: _Call, receive: Receive, send: Send) -> int:
+        """A `stream: true` call: held or refused while paused like any other, then relayed event by event.
+
+        Abort reaches it only until the first event arrived (nothing sent yet: it is re-issued or 429'd);
+        afterwards it stays in flight until its stream ends, so a pause drains it.
+        """
+        while True:
+            if self.pause.paused or not self.upstreams.urls:
+                await self._wait_until_open(receive)
+                self._check_rollout(call.rollout_id, call.attempt_id)
+                continue
+            self.pause.enter()
+            self.metrics.inflight.inc()
+            try:
+                status = await self._stream_once(call, receive, send)
+            finally:
+                self.metrics.inflight.dec()
+                self.pause.leave()
+            if status is not None:
+                return status
+            self.metrics.aborted.inc()  # aborted by a pause before its first byte: nothing was captured
+            if self.config.pause_mode is PauseMode.REJECT:
+                raise self._refusal()
+
+    async def _stream_once(self, call: _Call, receive: Receive, send: Send) -> int | None:
+        """One upstream attempt: the status relayed, or None when a pause aborted it before its first byte."""
+        assert self.session is not None, "ProxyHandler.start() was not called"
+        model_version = self.pause.model_version
+        started_at, started = time.time(), time.monotonic()
+        gone = asyncio.ensure_future(receive())  # the body is read: the next message is the disconnect
+        tasks: list[asyncio.Future[Any]] = [gone]
+        try:
+            opening = asyncio.ensure_future(
+                open_stream(
+                    self.session,
+                    acquire=self.upstreams.acquire,
+                    release=self.upstreams.release,
+                    endpoint=call.endpoint,
+                    body=call.request_bytes,
+                    attempts=self.config.upstream_connect_attempts,
+                    timeout_seconds=self.config.upstream_timeout_seconds,
+                )
+            )
+            tasks.append(opening)
+            self.pause.forwards.add(opening)
+            try:
+                await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self.pause.forwards.discard(opening)
+            if not opening.done():
+                raise ClientGone()  # left before the first event; `finally` closes the upstream call
+            if opening.cancelled():
+                return None  # a pause with abort (a shutdown cancels this handler, raising above)
+            opened = opening.result()
+            if isinstance(opened, Answered):  # an error status, or no stream: relayed like a plain call
+                self._capture(call, opened.status, opened.body, started_at, model_version)
+                await _send_bytes(send, opened.status, opened.body, opened.content_type)
+                return opened.status
+            self.metrics.stream_first_chunk.observe(opened.opened_at - started)
+            assembly = StreamAssembly(chat=call.endpoint == "chat/completions")
+            relaying = asyncio.ensure_future(
+                pump(opened, send=send, assembly=assembly, agent_wants_usage=call.agent_wants_usage)
+            )
+            tasks.append(relaying)
+            try:
+                await asyncio.wait({relaying, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if relaying.done():
+                    outcome = relaying.result()
+                else:
+                    relaying.cancel()
+                    outcome = StreamOutcome.ABANDONED
+            finally:
+                opened.close()
+                self.upstreams.release(opened.url)
+            self.metrics.streamed_calls.labels(outcome.value).inc()
+            if outcome is StreamOutcome.FAILED:
+                return 200  # the status line was sent; the agent got an error event, nothing is captured
+            response = json.dumps(assembly.response()).encode()
+            aborted = outcome is StreamOutcome.ABANDONED
+            status = CLIENT_GONE if aborted else 200
+            self._capture(call, status, response, started_at, model_version, aborted=aborted)
+            return status
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+
+    def _capture(
+        self,
+        call: _Call,
+        status: int,
+        response: bytes,
+        started_at: float,
+        model_version: int | None,
+        *,
+        aborted: bool = False,
+    ) -> None:
+        self.store.record_call(
+            call.rollout_id,
+            CapturedCall(
+                attempt_id=call.attempt_id,
+                path=call.endpoint,
+                status=status,
+                latency_seconds=time.time() - started_at,
+                model_version=model_version,
+                request_body=call.request_bytes,
+                response_body=response,
+                started_at=started_at,
+                agent_sampling=call.agent_sampling,
+                aborted=aborted,
+            ),
+        )
 
     def _check_rollout(self, rollout_id: str, attempt_id: str) -> None:
         """The rollout exists, has not ended, and `attempt_id` is its attempt; else the refusal."""
@@ -355,6 +481,33 @@ class ProxyHandler:
                 self.upstreams.release(url)
         logger.warning("upstream unavailable after %d attempts: %s", attempts, last_error)
         raise Refused(502, "upstream unavailable", detail=last_error, attempts=attempts)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A streamed call, ready to forward."""
+
+    rollout_id: str
+    attempt_id: str
+    endpoint: str
+    request_bytes: bytes
+    agent_sampling: dict[str, Any] | None
+    agent_wants_usage: bool
+
+
+def _streamed(body: dict[str, Any]) -> bool:
+    """Whether the call asks for a stream; a malformed `stream` or `stream_options` is refused (400)."""
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise Refused(400, "stream must be true or false", field="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise Refused(
+            400, 'stream_options must be an object, e.g. {"include_usage": true}', field="stream_options"
+        )
+    if options is not None and not stream:
+        raise Refused(400, "stream_options is only allowed with stream: true", field="stream_options")
+    return bool(stream)
 
 
 def _no_upstream(retry_after_seconds: float) -> Refused:

@@ -90,6 +90,7 @@ class CapturedCall:
     response_body: bytes
     started_at: float
     agent_sampling: dict[str, Any] | None = None  # the agent's own settings, when the run's replaced them
+    aborted: bool = False  # a stream the agent abandoned: kept for inspection, never trained on
 
 
 @dataclass

@@ -5,8 +5,17 @@ it sees in production: with `return_token_ids`, a chat completion carries `promp
 level and a text completion inside each choice (vLLM's `CompletionResponseChoice`); `token_ids` are always
 per choice; fields vLLM leaves empty are present as null. It records the sampling settings of the last
 request (`GET /stats`), so tests can see what the gateway forwarded. Test knobs ride in
-the request body: `fake_delay_seconds` (sleep before answering) and `fake_status` (answer with that status).
+the request body: `fake_delay_seconds` (sleep before answering), `fake_status` (answer with that status) and
+`fake_answer` (the answer's text, instead of one that counts calls).
 `/stats` counts calls and the `disconnects` of clients that left while a call slept.
+
+With `stream: true` it streams as vLLM does (`stream_chunks`): chat chunks start with a role delta carrying
+the top-level `prompt_token_ids`, then one chunk per token (its text, `token_ids` and `logprobs`), the last
+with `finish_reason`; text completions carry `prompt_token_ids` in the first choice chunk; a usage chunk
+without choices follows when `stream_options.include_usage` asks; then `data: [DONE]`. Stream knobs:
+`fake_chunk_delay_seconds` (between chunks), `fake_stream_cut_after` (drop the connection after that many
+chunks) and `fake_stream_malformed_after` (send a chunk that is not JSON after that many). `/stats` counts
+`streams_completed` and `streams_cancelled` (the client left mid-stream).
 Run it with `python -m asyncrl.testing.fake_upstream --port P`.
 """
 
@@ -34,7 +43,7 @@ def _prompt_text(body: dict[str, Any]) -> str:
 
 def completion(body: dict[str, Any], *, chat: bool, calls: int) -> dict[str, Any]:
     prompt = _prompt_text(body)
-    answer = f"echo {len(prompt.split())} words call {calls}"
+    answer = str(body.get("fake_answer") or f"echo {len(prompt.split())} words call {calls}")
     token_ids = _tokens(answer)
     logprobs = [-0.1 * (index + 1) for index in range(len(token_ids))]
     with_ids = bool(body.get("return_token_ids"))
@@ -82,10 +91,95 @@ def completion(body: dict[str, Any], *, chat: bool, calls: int) -> dict[str, Any
     return response
 
 
-def build_app(default_delay_seconds: float = 0.0) -> web.Application:
-    state: dict[str, Any] = {"calls": 0, "last_model": None, "last_sampling": None, "disconnects": 0}
+def stream_chunks(body: dict[str, Any], *, chat: bool, calls: int) -> list[dict[str, Any]]:
+    """The chunks vLLM streams for the answer `completion()` gives (without the final `[DONE]`)."""
+    whole = completion(body, chat=chat, calls=calls)
+    choice = whole["choices"][0]
+    words = (choice["message"]["content"] if chat else choice["text"]).split()
+    envelope = {
+        "id": whole["id"],
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": whole["created"],
+        "model": whole["model"],
+    }
+    chunks: list[dict[str, Any]] = []
+    if chat:  # vLLM's first chat chunk: the role, and the prompt's token ids (null unless asked for)
+        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+        first["finish_reason"] = None
+        chunks.append({**envelope, "choices": [first], "prompt_token_ids": whole["prompt_token_ids"]})
+    token_ids = choice["token_ids"]
+    for position, word in enumerate(words):
+        piece = word if position == 0 else f" {word}"
+        last = position == len(words) - 1
+        part: dict[str, Any] = {"index": 0}
+        if chat:
+            part["delta"] = {"content": piece}
+            content = choice["logprobs"]["content"][position : position + 1] if choice["logprobs"] else None
+            part["logprobs"] = {"content": content} if content is not None else None
+        else:
+            part["text"] = piece
+            logprobs = choice["logprobs"]
+            part["logprobs"] = (
+                None
+                if logprobs is None
+                else {key: logprobs[key][position : position + 1] for key in logprobs}
+            )
+        part["finish_reason"] = choice["finish_reason"] if last else None
+        if last or not chat:
+            part["stop_reason"] = None
+        if not chat:
+            part["prompt_token_ids"] = choice["prompt_token_ids"] if position == 0 else None
+        part["token_ids"] = token_ids[position : position + 1] if token_ids is not None else None
+        chunk: dict[str, Any] = {**envelope, "choices": [part]}
+        if not chat:
+            chunk["usage"] = None
+        chunks.append(chunk)
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        chunks.append({**envelope, "choices": [], "usage": whole["usage"]})
+    return chunks
 
-    async def handle(request: web.Request) -> web.Response:
+
+def build_app(default_delay_seconds: float = 0.0) -> web.Application:
+    state: dict[str, Any] = {
+        "calls": 0,
+        "last_model": None,
+        "last_sampling": None,
+        "last_stream_options": None,
+        "disconnects": 0,
+        "streams_completed": 0,
+        "streams_cancelled": 0,
+    }
+
+    async def stream(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        chat = request.path.endswith("chat/completions")
+        chunks = stream_chunks(body, chat=chat, calls=int(state["calls"] or 0))
+        delay = float(body.get("fake_chunk_delay_seconds", 0.0))
+        cut_after = body.get("fake_stream_cut_after")
+        malformed_after = body.get("fake_stream_malformed_after")
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for sent, chunk in enumerate(chunks):
+                if cut_after is not None and sent >= int(cut_after):
+                    assert request.transport is not None
+                    request.transport.close()  # mid-stream, no [DONE]
+                    return response
+                if malformed_after is not None and sent >= int(malformed_after):
+                    await response.write(b'data: {"choices": [\n\n')
+                    break
+                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            state["streams_cancelled"] = int(state["streams_cancelled"] or 0) + 1
+            raise
+        state["streams_completed"] = int(state["streams_completed"] or 0) + 1
+        return response
+
+    async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         state["calls"] = int(state["calls"] or 0) + 1
         state["last_model"] = body.get("model")
@@ -99,6 +193,9 @@ def build_app(default_delay_seconds: float = 0.0) -> web.Application:
                 raise
         if "fake_status" in body:
             return web.json_response({"error": "fake failure"}, status=int(body["fake_status"]))
+        if body.get("stream"):
+            state["last_stream_options"] = body.get("stream_options")
+            return await stream(request, body)
         chat = request.path.endswith("chat/completions")
         return web.json_response(completion(body, chat=chat, calls=int(state["calls"] or 0)))
 

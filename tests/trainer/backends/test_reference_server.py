@@ -138,7 +138,7 @@ def test_max_tokens_bounds_the_answer_and_finish_reason_says_length() -> None:
     ("body", "status", "fragment"),
     [
         ({"model": "gpt-4", "prompt": "a"}, 404, "does not exist"),
-        ({"prompt": "a", "stream": True}, 400, "stream"),
+        ({"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream: true"),
         ({"prompt": "a", "temperature": -1}, 400, "temperature"),
         ({"prompt": "a", "max_tokens": 5000}, 400, "maximum context length is 1024"),
         ({"prompt": ""}, 400, "empty"),

@@ -7,8 +7,9 @@ per-choice `token_ids` (all when the request sets `return_token_ids`), chat log-
 (`logprobs: k`, 0 included). Two fields are ours: `model_version`, the training step of the weights that
 generated the response, at the top level (also sent as the header `x-asyncrl-model-version`).
 
-Unknown request fields are ignored, as vLLM does; `stream` and `echo` are refused with 400 rather than
-answered wrongly. Everything here is pure, so it is tested without a server.
+Unknown request fields are ignored, as vLLM does; `echo` is refused with 400 rather than answered wrongly.
+`stream: true` is answered as vLLM streams (`streaming.py`). Everything here is pure, so it is tested
+without a server.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class ApiError(Exception):
         }
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
 class _GenerationRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -55,6 +62,7 @@ class _GenerationRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     return_token_ids: bool = False
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens even past the end tokens
 
@@ -152,7 +160,7 @@ def chat_response(
         if request.logprobs:
             content = [
                 {
-                    **_token_entry(tokenizer, token, logprob),
+                    **chat_logprob_entry(tokenizer, token, logprob),
                     "top_logprobs": _chat_alternatives(tokenizer, sample, i),
                 }
                 for i, (token, logprob) in enumerate(zip(sample.token_ids, sample.logprobs, strict=True))
@@ -187,12 +195,12 @@ def completion_response(
     for index, sample in enumerate(samples):
         logprobs = None
         if request.logprobs is not None:
-            tokens = [_token_text(tokenizer, token) for token in sample.token_ids]
+            tokens = [token_text(tokenizer, token) for token in sample.token_ids]
             offsets = [sum(len(text) for text in tokens[:i]) for i in range(len(tokens))]
             top = None
             if request.logprobs:
                 top = [
-                    {_token_text(tokenizer, alt): value for alt, value in position}
+                    {token_text(tokenizer, alt): value for alt, value in position}
                     for position in sample.top_logprobs
                 ]
             logprobs = {
@@ -229,8 +237,8 @@ def _validate(kind: type[RequestT], body: Any, config: ServerConfig) -> RequestT
             f"The model `{request.model}` does not exist; this server serves `{config.served_model_name}`.",
             error_type="NotFoundError",
         )
-    if request.stream:
-        raise ApiError(400, "stream is not supported by the reference server")
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true")
     return request
 
 
@@ -301,11 +309,13 @@ def _envelope(
     return envelope
 
 
-def _token_text(tokenizer: PreTrainedTokenizerFast, token: int) -> str:
+def token_text(tokenizer: PreTrainedTokenizerFast, token: int) -> str:
+    """A token's text as the completions log-probs name it."""
     return token_bytes(tokenizer, token).decode("utf-8", errors="replace")
 
 
-def _token_entry(tokenizer: PreTrainedTokenizerFast, token: int, logprob: float) -> dict[str, Any]:
+def chat_logprob_entry(tokenizer: PreTrainedTokenizerFast, token: int, logprob: float) -> dict[str, Any]:
+    """One entry of a chat answer's `logprobs.content` (without its `top_logprobs`)."""
     raw = token_bytes(tokenizer, token)
     return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
 
@@ -315,7 +325,7 @@ def _chat_alternatives(
 ) -> list[dict[str, Any]]:
     if not sample.top_logprobs:
         return []
-    return [_token_entry(tokenizer, token, value) for token, value in sample.top_logprobs[position]]
+    return [chat_logprob_entry(tokenizer, token, value) for token, value in sample.top_logprobs[position]]
 
 
 def _first_error(error: ValidationError) -> str:

@@ -15,7 +15,7 @@ processed ones); at temperature 1 and top_p 1, the setting RL rollouts use, both
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +46,9 @@ class Sample:
     stop_reason: str | None  # the stop string that ended it; None for the end token or the length limit
 
 
+OnToken = Callable[[int, float, tuple[tuple[int, float], ...]], None]
+
+
 def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
@@ -54,8 +57,13 @@ def generate(
     params: SamplingParams,
     stop_token_ids: Collection[int],
     generator: torch.Generator,
+    on_token: OnToken | None = None,
 ) -> Sample:
-    """Sample up to `params.max_tokens` tokens after the prompt, with a KV cache."""
+    """Sample up to `params.max_tokens` tokens after the prompt, with a KV cache.
+
+    `on_token(token, logprob, alternatives)` is called as each token is drawn (streaming); an exception it
+    raises stops the generation and propagates.
+    """
     tokens: list[int] = []
     logprobs: list[float] = []
     alternatives: list[tuple[tuple[int, float], ...]] = []
@@ -69,6 +77,8 @@ def generate(
             if params.top_logprobs:
                 top = torch.topk(log_dist, params.top_logprobs)
                 alternatives.append(tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
+            if on_token is not None:
+                on_token(token, logprobs[-1], alternatives[-1] if params.top_logprobs else ())
             if token in stop_token_ids:
                 return _finish(tokenizer, tokens, logprobs, alternatives, "stop", None)
             if params.stop:
