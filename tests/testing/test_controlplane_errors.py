@@ -45,6 +45,7 @@ def test_provisioning_is_a_no_op_when_every_binary_is_present(tmp_path: Path) ->
     bin_dir.mkdir()
     for name in (*REQUIRED_BINARIES, "helm"):
         _stub(bin_dir / name, "exit 0")
+    (bin_dir / ".helm-stamp").write_text("helm (stamped with its Kubernetes version)\n")
     env = {**os.environ, "ASYNCRL_K8S_BIN_DIR": str(bin_dir), "ASYNCRL_CACHE_DIR": str(tmp_path / "cache")}
     result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == str(bin_dir)
@@ -71,3 +72,27 @@ def test_provisioning_without_go_names_what_is_missing(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "Go is not installed" in result.stderr
+
+
+def test_an_unstamped_helm_is_rebuilt_not_trusted(tmp_path: Path) -> None:
+    """A helm from before the version stamp would make `helm template` render for the wrong Kubernetes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in (*REQUIRED_BINARIES, "helm"):
+        _stub(bin_dir / name, "exit 0")
+    # No Go on PATH: the rebuild it attempts fails, saying what is missing, instead of keeping the old helm.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("bash", "mkdir", "date", "sed", "printf", "cat", "dirname", "basename", "cut", "tr"):
+        found = shutil.which(tool)
+        if found:
+            (tools / tool).symlink_to(found)
+    env = {
+        "PATH": str(tools),
+        "HOME": str(tmp_path),
+        "ASYNCRL_K8S_BIN_DIR": str(bin_dir),
+        "ASYNCRL_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    assert "helm present" not in result.stderr
