@@ -241,6 +241,74 @@ async def run_phases(
         return results
 
 
+@dataclass
+class StreamTiming:
+    total_seconds: float
+    first_chunk_seconds: float
+    chunks: int
+
+
+async def _one_stream(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes
+) -> StreamTiming:
+    started = time.perf_counter()
+    first: float | None = None
+    chunks = 0
+    async with session.post(
+        url, data=body, headers={**headers, "content-type": "application/json"}
+    ) as response:
+        response.raise_for_status()
+        async for line in response.content:
+            if line.startswith(b"data: "):
+                chunks += 1
+                if first is None:
+                    first = time.perf_counter() - started
+    return StreamTiming(time.perf_counter() - started, first or 0.0, chunks)
+
+
+async def stream_phase(upstream_url: str, gateway_url: str, args: argparse.Namespace) -> None:
+    """Streamed chat calls, one at a time, direct and through the gateway alternately (side by side).
+
+    The answer is `--stream-tokens` words, one chunk each, sent by the fake upstream as fast as it can: what
+    is measured is the relay's cost per chunk and on the first chunk, not a model's speed.
+    """
+    answer = " ".join(f"w{index}" for index in range(args.stream_tokens))
+    request = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "fake_answer": answer}
+    direct_body = json.dumps({**request, "model": MODEL, "return_token_ids": True, "logprobs": True}).encode()
+    proxy_body = json.dumps(request).encode()
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        rollout_ids = [f"stream-{index}" for index in range(args.stream_repeats)]
+        await create_rollouts(session, gateway_url, rollout_ids)
+        direct: list[StreamTiming] = []
+        proxied: list[StreamTiming] = []
+        for rollout_id in rollout_ids:
+            direct.append(await _one_stream(session, f"{upstream_url}/v1/chat/completions", {}, direct_body))
+            proxied.append(
+                await _one_stream(
+                    session, gateway_url + proxy_path(rollout_id), agent_headers(rollout_id), proxy_body
+                )
+            )
+    print(f"\nstreamed calls ({args.stream_repeats} each, {args.stream_tokens} chunks, medians):")
+    rows = []
+    for label, timings in (("direct", direct), ("proxy", proxied)):
+        total = percentile([t.total_seconds for t in timings], 50)
+        first = percentile([t.first_chunk_seconds for t in timings], 50)
+        chunks = timings[0].chunks
+        rows.append([label, ms(total), ms(first), f"{chunks / total:,.0f}"])
+    print(table(["path", "full stream ms", "first chunk ms", "chunks/s"], rows))
+    extra = percentile([t.total_seconds for t in proxied], 50) - percentile(
+        [t.total_seconds for t in direct], 50
+    )
+    first_extra = percentile([t.first_chunk_seconds for t in proxied], 50) - percentile(
+        [t.first_chunk_seconds for t in direct], 50
+    )
+    print(
+        f"relay overhead: {extra / max(1, direct[0].chunks) * 1e6:.0f} us per chunk, "
+        f"{first_extra * 1000:.1f} ms on the first chunk"
+    )
+
+
 def _with_delay(body: bytes, delay: float) -> bytes:
     return json.dumps({**json.loads(body), "fake_delay_seconds": delay}).encode()
 
@@ -502,6 +570,8 @@ async def main_async(args: argparse.Namespace) -> None:
             processes = {"gateway": gateway.process.pid, "upstream": upstream.process.pid, "client": None}
             try:
                 results = await run_phases(upstream_url, gateway_url, args, processes=processes)
+                if args.stream_repeats > 0:
+                    await stream_phase(upstream_url, gateway_url, args)
             finally:
                 gateway.stop()
             report(results)
@@ -527,6 +597,13 @@ def parse_args() -> argparse.Namespace:
         help="upstream delay of the extra 64-client pair of phases (0 skips them)",
     )
     parser.add_argument("--delayed-duration", type=float, default=5.0, help="measured seconds, delayed pair")
+    parser.add_argument(
+        "--stream-repeats",
+        type=int,
+        default=40,
+        help="streamed calls each way in the streaming rows (0: skip)",
+    )
+    parser.add_argument("--stream-tokens", type=int, default=300, help="chunks per streamed answer")
     parser.add_argument("--profile", action="store_true", help="also profile the gateway under load")
     parser.add_argument("--profile-seconds", type=float, default=8.0, help="profiled load seconds")
     parser.add_argument("--top", type=int, default=25, help="functions listed per profile table")
