@@ -80,6 +80,27 @@ def test_a_configuration_error_exits_with_its_own_code_and_is_reported(
     assert "windowSize (2) must be greater than trainBatchSize (4)" in report["message"]
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("", "the manifest is empty"),
+        ("- 1\n", "the manifest is a YAML list"),
+        ("spec: [\n", "is not valid YAML"),
+    ],
+    ids=["empty", "list", "broken-yaml"],
+)
+def test_a_manifest_that_is_not_a_mapping_is_a_configuration_error_not_a_traceback(
+    bare_gateway: RunningGateway, tmp_path: Path, content: str, says: str
+) -> None:
+    manifest = tmp_path / "run.yaml"
+    manifest.write_text(content)
+    trainer = _trainer(manifest, bare_gateway, tmp_path)
+    output, _ = trainer.communicate(timeout=120)
+    assert trainer.returncode == EXIT_CONFIG_ERROR, output
+    assert says in output
+    assert "Traceback" not in output
+
+
 @pytest.mark.slow
 def test_steps_where_every_rollout_failed_end_the_run_after_max_failed_steps(
     bare_gateway: RunningGateway, tmp_path: Path

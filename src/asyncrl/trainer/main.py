@@ -75,6 +75,8 @@ def load_manifest(path: Path) -> AsyncTrainingRun:
         manifest = yaml.safe_load(path.read_text())
     except OSError as error:
         raise SystemExit(f"asyncrl trainer: cannot read --config {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise SystemExit(f"asyncrl trainer: --config {path} is not valid YAML: {error}") from error
     try:
         return load_run(manifest)
     except InvalidRunError as error:

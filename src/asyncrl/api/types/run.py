@@ -97,6 +97,18 @@ YAML_BOOLEAN_WORDS = "y, n, yes, no, on or off"
 
 def load_run(manifest: Mapping[str, Any]) -> AsyncTrainingRun:
     """Validate a whole manifest (a parsed YAML document) as the API server would, or `InvalidRunError`."""
+    if not isinstance(manifest, Mapping):  # an empty file parses to None, a stray list to a list
+        what = "empty" if manifest is None else f"a YAML {type(manifest).__name__}"
+        raise InvalidRunError(
+            "",
+            [
+                FieldError(
+                    path="(top level)",
+                    message=f"the manifest is {what}; write one AsyncTrainingRun mapping "
+                    "(apiVersion, kind, metadata, spec), as in examples/quickstart-local.yaml",
+                )
+            ],
+        )
     metadata = manifest.get("metadata")
     name = str(metadata.get("name", "")) if isinstance(metadata, Mapping) else ""
     boolean_keys = list(_boolean_keys(manifest, ""))
