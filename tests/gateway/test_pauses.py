@@ -7,6 +7,7 @@ the unmodified agent. Conditions are awaited with generous deadlines, never fixe
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -415,3 +416,35 @@ def test_a_held_call_whose_rollout_was_cancelled_meanwhile_gets_409_and_is_never
     answer = asyncio.run(scenario())
     assert answer.status_code == 409
     assert answer.json()["error"] == "rollout already finished"
+
+
+def test_a_stopping_gateway_answers_its_held_calls_at_once_and_says_why_it_stops(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM (a pod deleted, a sidecar restarted) while a call is held: without the refusal the process
+    lived on with its port closed until the hold timeout (600 s here), which looked like a hang."""
+    gateway = launch_gateway([upstream_url], tmp_path, "--hold-timeout-seconds", "600", "--log-level", "warning")
+    answers: list[httpx.Response] = []
+    try:
+        with gateway.management() as admin:
+            create_rollouts(admin, "r1")
+            admin.post("/proxy/pause", json={"reason": "update"})
+
+            def held_call() -> None:
+                with gateway.agent("r1") as agent:
+                    answers.append(agent.post(gateway.proxy_path("r1"), json=CHAT, timeout=300))
+
+            caller = threading.Thread(target=held_call)
+            caller.start()
+            deadline = time.monotonic() + DEADLINE_SECONDS
+            while admin.get("/proxy/state").json()["held"] != 1:
+                assert time.monotonic() < deadline, "the call was never held"
+                time.sleep(0.02)
+        gateway.process.process.send_signal(signal.SIGTERM)
+        gateway.process.process.wait(timeout=120)  # far below the 600 s hold timeout
+        caller.join(timeout=60)
+    finally:
+        gateway.process.stop()
+    assert [answer.status_code for answer in answers] == [429]
+    assert answers[0].headers["x-agl-paused"] == "true"
+    assert "SIGTERM received; stopping (port closed, 1 held calls answered 429" in gateway.process.log()

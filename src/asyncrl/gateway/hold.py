@@ -23,6 +23,7 @@ class HoldRefusal(StrEnum):
 
     FULL = "hold_full"  # `capacity` calls were already parked
     TIMEOUT = "hold_timeout"  # parked for `timeout_seconds` without a resume
+    SHUTDOWN = "shutdown"  # the gateway is stopping: the agent retries against its successor
 
 
 class HoldRefused(Exception):
@@ -51,7 +52,8 @@ class HeldCalls:
         return 0.0
 
     async def wait(self) -> float:
-        """Park until `release_all()`; return the seconds waited. Raises HoldRefused past a bound.
+        """Park until `release_all()`; return the seconds waited. Raises HoldRefused past a bound or at
+        `refuse_all()`.
 
         Cancelling the caller (the client went away) removes the call from the queue.
         """
@@ -63,6 +65,9 @@ class HeldCalls:
         self._waiting[key] = (future, arrived)
         try:
             await asyncio.wait_for(future, timeout=self.timeout_seconds)
+        except HoldRefused as refused:
+            refused.waited_seconds = time.monotonic() - arrived
+            raise
         except TimeoutError as error:
             raise HoldRefused(HoldRefusal.TIMEOUT, time.monotonic() - arrived) from error
         finally:
@@ -75,4 +80,16 @@ class HeldCalls:
         for future, _arrived in waiting.values():
             if not future.done():
                 future.set_result(None)
+        return len(waiting)
+
+    def refuse_all(self, reason: HoldRefusal = HoldRefusal.SHUTDOWN) -> int:
+        """Answer every parked call with its refusal now (the gateway is stopping); return how many.
+
+        Without this a stopping gateway keeps its port closed but its process alive until the last held
+        call times out (uvicorn waits for open connections), which looks like a hang from outside.
+        """
+        waiting, self._waiting = self._waiting, {}
+        for future, _arrived in waiting.values():
+            if not future.done():
+                future.set_exception(HoldRefused(reason, 0.0))
         return len(waiting)

@@ -75,7 +75,8 @@ class GatewayMetrics:
         )
         self.hold_refusals = Counter(
             "asyncrl_gateway_hold_refusals",
-            "Held model calls answered 429 (or 503): hold_timeout, or hold_full (the cap was reached).",
+            "Held model calls answered 429 (or 503): hold_timeout, hold_full (the cap was reached), "
+            "or shutdown (the gateway was stopping).",
             ["reason"],
             registry=self.registry,
         )

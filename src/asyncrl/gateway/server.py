@@ -137,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import SecretStr, ValidationError
 
+    from asyncrl.gateway.stopping import StoppingServer
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = GatewayConfig(
@@ -174,18 +176,22 @@ def run(args: argparse.Namespace) -> int:
         config.model,
         config.pause_mode.value,
     )
-    uvicorn.run(
-        gateway.asgi,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        lifespan="on",
-        interface="asgi3",
-        proxy_headers=False,
-        loop="auto",
-        http="auto",
+    server = StoppingServer(
+        uvicorn.Config(
+            gateway.asgi,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            lifespan="on",
+            interface="asgi3",
+            proxy_headers=False,
+            loop="auto",
+            http="auto",
+        ),
+        held=gateway.proxy.held,
     )
+    server.run()
     return 0
 
 
