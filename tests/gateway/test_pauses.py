@@ -423,7 +423,9 @@ def test_a_stopping_gateway_answers_its_held_calls_at_once_and_says_why_it_stops
 ) -> None:
     """SIGTERM (a pod deleted, a sidecar restarted) while a call is held: without the refusal the process
     lived on with its port closed until the hold timeout (600 s here), which looked like a hang."""
-    gateway = launch_gateway([upstream_url], tmp_path, "--hold-timeout-seconds", "600", "--log-level", "warning")
+    gateway = launch_gateway(
+        [upstream_url], tmp_path, "--hold-timeout-seconds", "600", "--log-level", "warning"
+    )
     answers: list[httpx.Response] = []
     try:
         with gateway.management() as admin:
