@@ -406,7 +406,9 @@ MAX_TRAINER_NODES = 512
 class TrainerSpec(ApiModel):
     """The trainer pod (or, with nodes > 1, the Ray cluster): the training backend on the shared GPUs."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(MULTI_NODE_CHECKPOINT_RULE, MULTI_NODE_BACKEND_RULE))
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(MULTI_NODE_CHECKPOINT_RULE, MULTI_NODE_BACKEND_RULE)
+    )
 
     backend: TrainerBackend = Field(
         default=TrainerBackend.VERL,
@@ -434,10 +436,10 @@ class TrainerSpec(ApiModel):
         ge=1,
         le=MAX_TRAINER_NODES,
         description=(
-            "Nodes the trainer spans. 1: one trainer pod (a Job). More: a KubeRay RayCluster (KubeRay must be "
-            "installed) whose head pod holds the trainer (the Ray driver) and the gateway, with nodes - 1 "
-            "worker pods; verl trains and serves across all of them (trainer.nnodes). Needs the Verl "
-            "backend and a ReadWriteMany checkpoint.claimName."
+            "Nodes the trainer spans. 1: one trainer pod (a Job). More: a KubeRay RayCluster (KubeRay "
+            "must be installed) whose head pod holds the trainer (the Ray driver) and the gateway, with "
+            "nodes - 1 worker pods; verl trains and serves across all of them (trainer.nnodes). Needs the "
+            "Verl backend and a ReadWriteMany checkpoint.claimName."
         ),
     )
     gpus_per_node: int | None = Field(

@@ -1,0 +1,157 @@
+"""A multi-node run's RayCluster as a manifest: the head pod is the one-node trainer pod plus the Ray head,
+the worker group holds nodes - 1 GPU pods with the user's template, and the run owns it all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncrl.api import InvalidRunError, load_run
+from asyncrl.operator import children, names
+from asyncrl.operator.ray_cluster import (
+    COMPONENT_RAY_WORKER,
+    DRIVER_RAY_ADDRESS,
+    RAY_HEAD_CONTAINER,
+    RAY_TMP_DIR,
+    ray_cluster,
+    ray_cluster_state,
+)
+from tests.operator.conftest import run_manifest
+
+MULTI_NODE: dict[str, Any] = {
+    "backend": "Verl",
+    "nodes": 3,
+    "gpusPerNode": 8,
+    "checkpoint": {"claimName": "shared-ckpt"},
+    "resources": {"limits": {"cpu": "32", "memory": "256Gi"}},
+}
+
+
+def _run(**trainer: Any) -> tuple[dict[str, Any], Any]:
+    manifest = run_manifest("demo", trainer={**MULTI_NODE, **trainer})
+    manifest["metadata"].update(namespace="team", uid="uid-1")
+    return manifest, load_run(manifest).spec
+
+
+def _containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in pod["spec"]["containers"]}
+
+
+def test_the_head_pod_is_the_one_node_pod_with_the_ray_head_first_and_a_gpu_less_driver() -> None:
+    run, spec = _run()
+    cluster, _ = ray_cluster(run, spec)
+    head = cluster["spec"]["headGroupSpec"]["template"]
+    assert [c["name"] for c in head["spec"]["containers"]] == [RAY_HEAD_CONTAINER, children.TRAINER_CONTAINER]
+    (gateway,) = head["spec"]["initContainers"]
+    assert gateway["name"] == "gateway"
+    assert gateway["restartPolicy"] == "Always"
+    containers = _containers(head)
+    ray_head, driver = containers[RAY_HEAD_CONTAINER], containers[children.TRAINER_CONTAINER]
+    assert ray_head["resources"]["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8"}
+    assert ray_head["resources"]["requests"] == {"nvidia.com/gpu": "8"}
+    assert "command" not in ray_head  # KubeRay generates `ray start --head --block`
+    assert driver["resources"] == {}  # a GPU limit here would take 8 more GPUs from the node
+    assert driver["command"] == ["asyncrl", "trainer"]
+    assert {"name": "RAY_ADDRESS", "value": DRIVER_RAY_ADDRESS} in driver["env"]
+    for container in (ray_head, driver):  # the driver reaches the raylet's sockets and the object store
+        assert {"name": "ray-tmp", "mountPath": RAY_TMP_DIR} in container["volumeMounts"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        assert {"name": "checkpoints", "mountPath": children.CHECKPOINT_DIR} in container["volumeMounts"]
+    assert not [e for e in ray_head["env"] if e["name"] == "ASYNCRL_GATEWAY_KEY"]
+    # The gateway Service selects the trainer component: the head pod.
+    selector = children.gateway_service(run, spec)["spec"]["selector"]
+    assert selector.items() <= head["metadata"]["labels"].items()
+
+
+def test_the_worker_group_has_nodes_minus_one_gpu_pods_that_the_gateway_service_does_not_select() -> None:
+    run, spec = _run()
+    cluster, _ = ray_cluster(run, spec)
+    (group,) = cluster["spec"]["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
+    worker = group["template"]
+    (container,) = worker["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "initContainers" not in worker["spec"]
+    volumes = {v["name"]: v for v in worker["spec"]["volumes"]}
+    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "shared-ckpt"}
+    assert "gateway-key" not in volumes
+    assert worker["metadata"]["labels"][names.LABEL_COMPONENT] == COMPONENT_RAY_WORKER
+    selector = children.gateway_service(run, spec)["spec"]["selector"]
+    assert not selector.items() <= worker["metadata"]["labels"].items()
+    assert "prometheus.io/scrape" not in (worker["metadata"].get("annotations") or {})
+
+
+def test_the_users_pod_template_reaches_head_and_workers_kueue_labels_included() -> None:
+    template = {
+        "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu-queue"}},
+        "nodeSelector": {"gpu": "h200"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "weights"}}],
+        "trainerContainer": {
+            "env": [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}],
+            "volumeMounts": [{"name": "model", "mountPath": "/models"}],
+        },
+    }
+    run, spec = _run(podTemplate=template)
+    cluster, merged = ray_cluster(run, spec)
+    assert merged.refused == []
+    head = cluster["spec"]["headGroupSpec"]["template"]
+    worker = cluster["spec"]["workerGroupSpecs"][0]["template"]
+    for pod, ray_container in ((head, RAY_HEAD_CONTAINER), (worker, "ray-worker")):
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+        assert pod["spec"]["nodeSelector"] == {"gpu": "h200"}
+        assert pod["spec"]["tolerations"] == template["tolerations"]
+        assert any(v["name"] == "model" for v in pod["spec"]["volumes"])
+        container = _containers(pod)[ray_container]  # verl's workers, NCCL's users, run in the raylet's
+        assert {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"} in container["env"]
+        assert {"name": "model", "mountPath": "/models"} in container["volumeMounts"]
+
+
+def test_the_run_owns_the_cluster_and_suspend_carries_over() -> None:
+    run, spec = _run()
+    cluster, _ = ray_cluster(run, spec)
+    (owner,) = cluster["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("AsyncTrainingRun", "uid-1", True)
+    assert cluster["metadata"]["name"] == names.ray_cluster_name("demo") == "demo-ray"
+    assert cluster["spec"]["suspend"] is False
+    suspended = load_run({**run, "spec": {**run["spec"], "suspend": True}}).spec
+    assert ray_cluster(run, suspended)[0]["spec"]["suspend"] is True
+
+
+def test_gpus_per_node_unset_takes_trainer_gpus() -> None:
+    run, spec = _run(gpusPerNode=None, gpus=4)
+    cluster, _ = ray_cluster(run, spec)
+    worker = cluster["spec"]["workerGroupSpecs"][0]["template"]
+    assert worker["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+
+@pytest.mark.parametrize(
+    ("trainer", "named"),
+    [
+        ({"checkpoint": {}}, "spec.trainer.checkpoint.claimName"),
+        ({"backend": "Reference"}, "spec.trainer.nodes"),
+        ({"nodes": 0}, "spec.trainer.nodes"),
+    ],
+)
+def test_a_multi_node_run_without_what_it_needs_is_refused_naming_the_field(
+    trainer: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(InvalidRunError) as raised:
+        _run(**trainer)
+    assert f"{named}:" in str(raised.value)
+
+
+def test_the_missing_claim_message_says_read_write_many_and_the_fix() -> None:
+    with pytest.raises(InvalidRunError) as raised:
+        _run(checkpoint={})
+    assert "ReadWriteMany" in str(raised.value)
+    assert "trainer.nodes: 1" in str(raised.value)
+
+
+def test_ray_cluster_state_reads_kuberays_status() -> None:
+    assert ray_cluster_state(None) is None
+    assert ray_cluster_state({}) == "pending"
+    status = {"state": "ready", "desiredWorkerReplicas": 2, "readyWorkerReplicas": 1}
+    assert ray_cluster_state({"status": status}) == "ready (1/2 workers ready)"
