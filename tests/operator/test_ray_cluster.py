@@ -16,6 +16,7 @@ from asyncrl.operator.ray_cluster import (
     RAY_TMP_DIR,
     ray_cluster,
     ray_cluster_state,
+    trainer_view,
 )
 from tests.operator.conftest import run_manifest
 
@@ -155,3 +156,58 @@ def test_ray_cluster_state_reads_kuberays_status() -> None:
     assert ray_cluster_state({}) == "pending"
     status = {"state": "ready", "desiredWorkerReplicas": 2, "readyWorkerReplicas": 1}
     assert ray_cluster_state({"status": status}) == "ready (1/2 workers ready)"
+
+
+def _head_pod(driver: dict[str, Any]) -> dict[str, Any]:
+    return {"status": {"containerStatuses": [{"name": "ray-head", "state": {"running": {}}}, driver]}}
+
+
+def _phase(cluster: dict[str, Any], head: dict[str, Any] | None) -> Any:
+    from datetime import UTC, datetime
+
+    from asyncrl.api import AsyncTrainingRunStatus
+    from asyncrl.operator.status import RunObservation, next_status
+
+    observation = RunObservation(
+        generation=1,
+        suspended=False,
+        trainer_job=trainer_view(cluster, head),
+        gateway_reachable=True,
+        summary=None,
+        rollout_counts=None,
+        jobs_active=0,
+        jobs_created=0,
+        jobs_failed=0,
+        template_error=None,
+        ray_cluster=ray_cluster_state(cluster),
+    )
+    return next_status(AsyncTrainingRunStatus(), observation, now=datetime.now(UTC))
+
+
+CLUSTER = {"metadata": {"name": "demo-ray", "labels": {names.LABEL_COMPONENT: "trainer"}}, "status": {}}
+
+
+def test_a_running_driver_is_a_running_run_and_the_status_shows_the_cluster_state() -> None:
+    cluster = {**CLUSTER, "status": {"state": "ready", "desiredWorkerReplicas": 1, "readyWorkerReplicas": 1}}
+    status = _phase(cluster, _head_pod({"name": "trainer", "state": {"running": {}}, "restartCount": 1}))
+    assert (status.phase, status.ray_cluster) == ("Running", "ready (1/1 workers ready)")
+
+
+def test_a_driver_that_exited_zero_is_a_succeeded_run() -> None:
+    driver = {"name": "trainer", "state": {"terminated": {"exitCode": 0}}, "restartCount": 0}
+    assert _phase(CLUSTER, _head_pod(driver)).phase == "Succeeded"
+
+
+def test_a_driver_that_keeps_failing_fails_the_run_like_the_jobs_backoff_limit() -> None:
+    last = {"terminated": {"exitCode": 3, "reason": "Error"}}
+    retrying = {"name": "trainer", "state": {"waiting": {}}, "lastState": last, "restartCount": 3}
+    assert _phase(CLUSTER, _head_pod(retrying)).phase == "Running"  # the Job would still retry too
+    status = _phase(CLUSTER, _head_pod({**retrying, "restartCount": 4}))
+    assert status.phase == "Failed"
+    assert "exit code 3" in (status.message or "")
+
+
+def test_a_cluster_kuberay_reports_failed_fails_the_run() -> None:
+    status = _phase({**CLUSTER, "status": {"state": "failed", "reason": "head pod evicted"}}, None)
+    assert status.phase == "Failed"
+    assert "head pod evicted" in (status.message or "")

@@ -179,3 +179,55 @@ def ray_cluster_state(cluster: Mapping[str, Any] | None) -> str | None:
     desired = status.get("desiredWorkerReplicas")
     ready = status.get("readyWorkerReplicas", 0)
     return f"{state} ({ready}/{desired} workers ready)" if desired is not None else state
+
+
+# A one-node trainer Job gives up after backoffLimit 3 restarts; the driver in the head pod does the same.
+DRIVER_RESTART_LIMIT = 3
+
+
+def trainer_view(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] | None) -> JSON:
+    """The driver's outcome in the shape of the one-node trainer Job (its `Complete`/`Failed` conditions), so
+    that the run's status rules (status.py) read a multi-node trainer exactly as a one-node one.
+
+    Complete: the trainer container of the head pod exited 0. Failed: it failed more than
+    DRIVER_RESTART_LIMIT times, or KubeRay reports the cluster failed.
+    """
+    metadata = cluster.get("metadata") or {}
+    view: JSON = {
+        "metadata": {
+            "name": metadata.get("name", ""),
+            "namespace": metadata.get("namespace", ""),
+            "labels": dict(metadata.get("labels") or {}),
+        },
+        "status": {},
+    }
+    condition = _driver_condition(cluster, head_pod)
+    if condition is not None:
+        view["status"]["conditions"] = [condition]
+    return view
+
+
+def _driver_condition(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] | None) -> JSON | None:
+    status: Mapping[str, Any] = cluster.get("status") or {}
+    if status.get("state") == "failed":
+        reason = status.get("reason") or "KubeRay reports the RayCluster failed"
+        return {"type": "Failed", "status": "True", "reason": "RayClusterFailed", "message": str(reason)}
+    if head_pod is None:
+        return None
+    statuses = (head_pod.get("status") or {}).get("containerStatuses") or []
+    driver = next((s for s in statuses if s.get("name") == "trainer"), None)
+    if driver is None:
+        return None
+    terminated = (driver.get("state") or {}).get("terminated")
+    if terminated is not None and terminated.get("exitCode") == 0:
+        return {"type": "Complete", "status": "True"}
+    if int(driver.get("restartCount") or 0) > DRIVER_RESTART_LIMIT:
+        last = (driver.get("lastState") or {}).get("terminated") or terminated or {}
+        return {
+            "type": "Failed",
+            "status": "True",
+            "reason": "BackoffLimitExceeded",
+            "message": f"the trainer (Ray driver) failed {driver.get('restartCount')} times; last exit code "
+            f"{last.get('exitCode')} ({last.get('reason') or 'Error'})",
+        }
+    return None
