@@ -16,6 +16,7 @@ from asyncrl.operator.ray_cluster import (
     RAY_TMP_DIR,
     ray_cluster,
     ray_cluster_state,
+    suspend_patch,
     trainer_view,
 )
 from tests.operator.conftest import run_manifest
@@ -211,3 +212,26 @@ def test_a_cluster_kuberay_reports_failed_fails_the_run() -> None:
     status = _phase({**CLUSTER, "status": {"state": "failed", "reason": "head pod evicted"}}, None)
     assert status.phase == "Failed"
     assert "head pod evicted" in (status.message or "")
+
+
+def test_the_pod_templates_labels_reach_the_ray_cluster_where_kueue_reads_its_queue() -> None:
+    run, spec = _run(podTemplate={"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu-queue"}}})
+    cluster, _ = ray_cluster(run, spec)
+    assert cluster["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert cluster["metadata"]["labels"][names.LABEL_COMPONENT] == "trainer"
+
+
+def test_the_cluster_is_suspended_when_the_run_is_and_resumed_only_if_the_run_suspended_it() -> None:
+    running = {"metadata": {}, "spec": {"suspend": False}}
+    assert suspend_patch(running, run_suspended=False, finished=False) is None
+    patch = suspend_patch(running, run_suspended=True, finished=False)
+    assert patch is not None
+    assert patch["spec"] == {"suspend": True}
+    assert suspend_patch(running, run_suspended=False, finished=True) == patch
+    ours = {"metadata": {"annotations": patch["metadata"]["annotations"]}, "spec": {"suspend": True}}
+    resumed = suspend_patch(ours, run_suspended=False, finished=False)
+    assert resumed is not None
+    assert resumed["spec"] == {"suspend": False}
+    # Kueue suspends a queued cluster until it admits all of its pods: not ours to resume.
+    held_by_kueue = {"metadata": {}, "spec": {"suspend": True}}
+    assert suspend_patch(held_by_kueue, run_suspended=False, finished=False) is None

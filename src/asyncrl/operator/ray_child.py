@@ -26,6 +26,7 @@ from asyncrl.operator.ray_cluster import (
     RAY_GROUP,
     ray_cluster,
     ray_cluster_state,
+    suspend_patch,
     trainer_view,
 )
 from asyncrl.operator.retry import kube_error_is_transient, one_line_reason
@@ -152,8 +153,10 @@ async def follow_ray_cluster(kube: Kube, controller: RunController, *, namespace
                 controller.ray_cluster = ray_cluster_state(cluster)
                 controller.on_job_event("SYNC", view)
                 finished = bool(view["status"].get("conditions") or [])
-                suspend = bool(controller.context.spec.suspend) or finished
-                if bool((cluster.get("spec") or {}).get("suspend")) != suspend:
+                patch = suspend_patch(
+                    cluster, run_suspended=bool(controller.context.spec.suspend), finished=finished
+                )
+                if patch is not None:
                     await asyncio.to_thread(
                         kube.custom.patch_namespaced_custom_object,
                         RAY_GROUP,
@@ -161,9 +164,9 @@ async def follow_ray_cluster(kube: Kube, controller: RunController, *, namespace
                         namespace,
                         RAY_CLUSTER_PLURAL,
                         cluster_name,
-                        {"spec": {"suspend": suspend}},
+                        patch,
                     )
-                    logger.info("run %s: RayCluster %s suspend=%s", run_name, cluster_name, suspend)
+                    logger.info("run %s: RayCluster %s: %s", run_name, cluster_name, patch)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the API server may be briefly unreachable; the next round retries

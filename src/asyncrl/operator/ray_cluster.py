@@ -62,7 +62,11 @@ def ray_cluster(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> tuple[JSO
         "metadata": {
             "name": names.ray_cluster_name(run["metadata"]["name"]),
             "namespace": run["metadata"]["namespace"],
-            "labels": names.common_labels(run["metadata"]["name"], names.COMPONENT_TRAINER),
+            # The pod template's labels too: Kueue admits a RayCluster as one gang by its own queue label.
+            "labels": {
+                **(head["metadata"].get("labels") or {}),
+                **names.common_labels(run["metadata"]["name"], names.COMPONENT_TRAINER),
+            },
             "ownerReferences": [children.owner_reference(run)],
         },
         "spec": {
@@ -230,4 +234,23 @@ def _driver_condition(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] | 
             "message": f"the trainer (Ray driver) failed {driver.get('restartCount')} times; last exit code "
             f"{last.get('exitCode')} ({last.get('reason') or 'Error'})",
         }
+    return None
+
+
+# Marks a RayCluster this operator suspended, so that it resumes only those: a cluster suspended by someone
+# else (Kueue suspends a labelled cluster until it admits the whole gang) is left for them to resume.
+ANNOTATION_SUSPENDED_BY_RUN = f"{names.GROUP}/suspended-by-run"
+
+
+def suspend_patch(cluster: Mapping[str, Any], *, run_suspended: bool, finished: bool) -> JSON | None:
+    """The merge patch that makes the cluster follow its run (suspended while the run is suspended or once
+    its driver finished), or None when nothing is to change."""
+    suspended = bool((cluster.get("spec") or {}).get("suspend"))
+    ours = ((cluster.get("metadata") or {}).get("annotations") or {}).get(
+        ANNOTATION_SUSPENDED_BY_RUN
+    ) == "true"
+    if (run_suspended or finished) and not suspended:
+        return {"metadata": {"annotations": {ANNOTATION_SUSPENDED_BY_RUN: "true"}}, "spec": {"suspend": True}}
+    if not (run_suspended or finished) and suspended and ours:
+        return {"metadata": {"annotations": {ANNOTATION_SUSPENDED_BY_RUN: None}}, "spec": {"suspend": False}}
     return None
