@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from asyncrl.testing.controlplane import ControlPlane, ControlPlaneError, defaul
 from asyncrl.testing.kuberay_pods import KubeRayLocalPods
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.podspec import Image, ImageTable
-from asyncrl.testing.processes import ServerProcess, start_server
+from asyncrl.testing.processes import start_server
 from asyncrl.testing.waiting import wait_for
 from tests.operator.cluster import apply_run, kubectl_run
 from tests.operator.conftest import GATEWAY_IMAGE, TRAINER_IMAGE, run_manifest
@@ -166,11 +167,16 @@ def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_dele
         }
     )
     path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    # Ray's own temp dir, not the host's /tmp/ray: a killed head leaves /tmp/ray/ray_current_cluster behind,
+    # and any later `ray.init()` on this machine would then try to join that dead cluster. Short, because
+    # Ray's unix sockets live under it (108 characters at most).
+    ray_tmp = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))
     base_env = {
         "PATH": path,
         "LANG": "C.UTF-8",
         "PYTHONPATH": f"{REPO / 'src'}:{REPO}",
         "HOME": str(tmp_path),
+        "RAY_TMPDIR": str(ray_tmp),
     }
     runner = PodRunner(
         api_client=client_of,
@@ -180,7 +186,6 @@ def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_dele
         rewrite=KubeRayLocalPods(free_port),
     )
     health = free_port()
-    operator: ServerProcess | None = None
     with runner:
         operator = start_server(
             [
@@ -202,9 +207,10 @@ def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_dele
         )
         try:
             _two_node_run(client_of, kubectl_of, ns, report)
+            assert list((ray_tmp / "ray").glob("session_*")), "Ray did not use its own temp dir"
         finally:
             operator.stop()
-            subprocess.run(["cat", str(tmp_path / "operator.log")], check=False)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) -> None:
