@@ -183,6 +183,7 @@ def test_agent_template_needs_exactly_one_source(
         ({"spec": {"trainer": {"backend": "Verl"}}}, "trainer.backend"),
         ({"spec": {"async": {"enabled": False}}}, "async.enabled"),
         ({"spec": {"async": {"windowSize": 6}}}, "async.windowSize"),
+        ({"spec": {"trainer": {"nodes": 2}}}, "trainer.nodes"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )

@@ -235,3 +235,11 @@ def test_the_cluster_is_suspended_when_the_run_is_and_resumed_only_if_the_run_su
     # Kueue suspends a queued cluster until it admits all of its pods: not ours to resume.
     held_by_kueue = {"metadata": {}, "spec": {"suspend": True}}
     assert suspend_patch(held_by_kueue, run_suspended=False, finished=False) is None
+
+
+def test_a_longest_run_name_gives_kuberay_names_within_the_limits() -> None:
+    longest = "r" * 63
+    cluster = names.ray_cluster_name(longest)
+    assert len(cluster) <= 40
+    assert len(f"{cluster}-head-svc") <= 63  # KubeRay's head Service, a DNS-1035 label
+    assert names.ray_cluster_name(longest) != names.ray_cluster_name("r" * 62)
