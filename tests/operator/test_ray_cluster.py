@@ -119,7 +119,12 @@ def test_the_run_owns_the_cluster_and_suspend_carries_over() -> None:
     assert cluster["metadata"]["name"] == names.ray_cluster_name("demo") == "demo-ray"
     assert cluster["spec"]["suspend"] is False
     suspended = load_run({**run, "spec": {**run["spec"], "suspend": True}}).spec
-    assert ray_cluster(run, suspended)[0]["spec"]["suspend"] is True
+    created_suspended = ray_cluster(run, suspended)[0]
+    assert created_suspended["spec"]["suspend"] is True
+    # Resumed with its run: the cluster was suspended by the run, not by Kueue.
+    resumed = suspend_patch(created_suspended, run_suspended=False, finished=False)
+    assert resumed is not None
+    assert resumed["spec"] == {"suspend": False}
 
 
 def test_gpus_per_node_unset_takes_trainer_gpus() -> None:

@@ -47,6 +47,9 @@ DRIVER_RAY_ADDRESS = f"127.0.0.1:{RAY_GCS_PORT}"
 _HEAD_ONLY_VOLUMES = frozenset({"gateway-key"})
 # Variables only the driver needs; the Ray containers do not get them.
 _DRIVER_ONLY_ENV = frozenset({"ASYNCRL_GATEWAY_KEY"})
+# Marks a RayCluster this operator suspended, so that it resumes only those: a cluster suspended by someone
+# else (Kueue suspends a labelled cluster until it admits the whole gang) is left for them to resume.
+ANNOTATION_SUSPENDED_BY_RUN = f"{names.GROUP}/suspended-by-run"
 
 
 def ray_cluster(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> tuple[JSON, MergedPodTemplate]:
@@ -70,7 +73,7 @@ def ray_cluster(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> tuple[JSO
             "ownerReferences": [children.owner_reference(run)],
         },
         "spec": {
-            "suspend": spec.suspend,
+            "suspend": spec.suspend,  # created suspended with its run: marked as the run's, to be resumed
             "enableInTreeAutoscaling": False,  # a fixed gang: verl places its workers once, at the start
             "headGroupSpec": {"rayStartParams": {}, "template": head},
             "workerGroupSpecs": [
@@ -85,6 +88,8 @@ def ray_cluster(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> tuple[JSO
             ],
         },
     }
+    if spec.suspend:
+        cluster["metadata"]["annotations"] = {ANNOTATION_SUSPENDED_BY_RUN: "true"}
     return cluster, merged
 
 
@@ -235,11 +240,6 @@ def _driver_condition(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] | 
             f"{last.get('exitCode')} ({last.get('reason') or 'Error'})",
         }
     return None
-
-
-# Marks a RayCluster this operator suspended, so that it resumes only those: a cluster suspended by someone
-# else (Kueue suspends a labelled cluster until it admits the whole gang) is left for them to resume.
-ANNOTATION_SUSPENDED_BY_RUN = f"{names.GROUP}/suspended-by-run"
 
 
 def suspend_patch(cluster: Mapping[str, Any], *, run_suspended: bool, finished: bool) -> JSON | None:
