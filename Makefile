@@ -25,8 +25,10 @@ quickstart: setup
 crd: setup
 	$(BIN)/asyncrl crd --write
 
+# The control plane, and the KubeRay operator the multi-node tests run against it (both built with Go, cached).
 control-plane:
 	scripts/provision-k8s.sh
+	scripts/provision-kuberay.sh
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

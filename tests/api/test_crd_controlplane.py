@@ -183,6 +183,7 @@ def test_agent_template_needs_exactly_one_source(
         ({"spec": {"trainer": {"backend": "Verl"}}}, "trainer.backend"),
         ({"spec": {"async": {"enabled": False}}}, "async.enabled"),
         ({"spec": {"async": {"windowSize": 6}}}, "async.windowSize"),
+        ({"spec": {"trainer": {"nodes": 2}}}, "trainer.nodes"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -350,6 +351,21 @@ SPEC_CASES: dict[str, tuple[Any, str | None]] = {
     "keep-policy": (lambda spec: spec["async"].update(stalenessPolicy="Keep", maxCarryOverAgeSteps=3), None),
     "gpus-negative": (lambda spec: spec["trainer"].update(gpus=-1), "spec.trainer.gpus"),
     "missing-model-path": (lambda spec: spec["model"].pop("path"), "spec.model.path"),
+    "nodes-zero": (lambda spec: spec["trainer"].update(nodes=0), "spec.trainer.nodes"),
+    "multi-node-without-checkpoint-claim": (
+        lambda spec: spec["trainer"].update(backend="Verl", nodes=2),
+        "spec.trainer.checkpoint.claimName",
+    ),
+    "multi-node-reference-backend": (
+        lambda spec: spec["trainer"].update(backend="Reference", nodes=2, checkpoint={"claimName": "ckpt"}),
+        "spec.trainer.nodes",
+    ),
+    "multi-node-with-checkpoint-claim": (
+        lambda spec: spec["trainer"].update(
+            backend="Verl", nodes=2, gpusPerNode=8, checkpoint={"claimName": "ckpt"}
+        ),
+        None,
+    ),
 }
 
 

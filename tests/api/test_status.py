@@ -145,5 +145,6 @@ def test_status_wire_names() -> None:
         "jobs",
         "startTime",
         "lastStepTime",
+        "rayCluster",
         "message",
     }

@@ -128,6 +128,7 @@ def test_documented_defaults() -> None:
             "backend": "Verl",
             "image": "ghcr.io/asyncrl/trainer:0.1.0",
             "gpus": 1,
+            "nodes": 1,
             "checkpoint": {"everySteps": 10},
             "failedRolloutReward": 0.0,
             "sampleLevel": "Trajectory",

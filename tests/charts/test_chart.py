@@ -129,6 +129,20 @@ def test_the_charts_rbac_rules_are_those_of_operator_rbac(helm: list[str], helm_
     )
 
 
+def test_kuberay_rules_are_rendered_only_when_enabled_and_are_those_of_operator_rbac(
+    helm: list[str], helm_env: dict[str, str]
+) -> None:
+    base = rbac_rules(RBAC_DIR / "role.yaml", "Role")[0]
+    (extra,) = rbac_rules(RBAC_DIR / "kuberay.yaml", "Role")
+    default = documents(render(helm, helm_env))
+    assert one(default, "Role")["rules"] == base
+    assert not [rule for rule in one(default, "Role")["rules"] if "ray.io" in rule["apiGroups"]]
+    enabled = documents(render(helm, helm_env, **{"kuberay.enabled": True}))
+    assert one(enabled, "Role")["rules"] == base + extra
+    cluster_wide = documents(render(helm, helm_env, **{"kuberay.enabled": True, "watch.clusterWide": True}))
+    assert all(rule in one(cluster_wide, "ClusterRole")["rules"] for rule in extra)
+
+
 # -- rendering --------------------------------------------------------------------------------------------
 
 

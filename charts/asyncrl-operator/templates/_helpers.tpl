@@ -79,6 +79,18 @@ one (tests/charts checks that they stay identical).
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.kuberay.enabled }}
+{{- /* Multi-node runs (spec.trainer.nodes > 1): the rules of operator/rbac/kuberay.yaml. */}}
+- apiGroups: ["ray.io"]
+  resources: ["rayclusters"]
+  verbs: ["create", "get", "patch"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+{{- end }}
 {{- end }}
 
 {{/* Cluster-scoped reads kopf makes in either mode: it watches CRDs to notice ours changing. */}}

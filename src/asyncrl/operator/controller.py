@@ -132,6 +132,7 @@ class RunController:
         self.limiter = SlidingWindowLimiter(context.spec.agents.max_jobs_per_minute)
         self.jobs = _JobBook()
         self.trainer_job: JSON | None = None
+        self.ray_cluster: str | None = None  # KubeRay's state, set by ray_child.follow_ray_cluster
         self.template_error: str | None = None
         self.fatal_error: str | None = None  # set: the run is Failed with this message
         self.gateway_reachable = False
@@ -704,6 +705,7 @@ class RunController:
             template_error=self.template_error,
             fatal_error=self.fatal_error or self._trainer_fatal_error(),
             trainer_error=self._trainer_error(),
+            ray_cluster=self.ray_cluster,
         )
         status = next_status(self._status, observation, now=datetime.now(UTC))
         self.metrics.observe_run(namespace=self.context.namespace, name=self.context.name, status=status)

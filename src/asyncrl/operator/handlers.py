@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, InvalidRunError, load_run
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.api.types.status import Condition, ConditionStatus, Phase, with_condition
-from asyncrl.operator import children, names
+from asyncrl.operator import children, names, ray_child
 from asyncrl.operator.controller import RunContext, RunController
 from asyncrl.operator.kube import JSON, JobWatch, Kube
 from asyncrl.operator.metrics import OperatorMetrics
@@ -284,6 +284,9 @@ async def _reconcile_children(
             logger.info(
                 "run %s: created %s %s", run["metadata"]["name"], body["kind"], body["metadata"]["name"]
             )
+    if spec.trainer.nodes > 1:  # the trainer on a KubeRay RayCluster instead of the Job (ray_child.py)
+        ray = await ray_child.create_ray_cluster(kube, run, spec)
+        return TrainerJobCreation(created=ray.created, refused=ray.refused, warnings=ray.warnings)
     try:
         _, created, warnings = await kube.create_or_get(trainer_job)
     except Exception as error:
@@ -370,6 +373,10 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
         runtime.metrics.reconciles.labels("error").inc()
         await _fail_run(kube, run, reason="TrainerJobRejected", message=str(error))
         return
+    except ray_child.RayClusterRejected as error:
+        runtime.metrics.reconciles.labels("error").inc()
+        await _fail_run(kube, run, reason="RayClusterRejected", message=str(error))
+        return
     except Exception as error:
         runtime.metrics.reconciles.labels("error").inc()
         message = f"{one_line_reason(error)}; retrying"
@@ -398,9 +405,18 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
     trainer = await kube.read_job(namespace, names.trainer_job_name(name))
     if trainer is not None:
         controller.on_job_event("SYNC", trainer)
+    follower = (
+        asyncio.create_task(
+            ray_child.follow_ray_cluster(kube, controller, namespace=namespace, run_name=name)
+        )
+        if spec.trainer.nodes > 1
+        else None
+    )
     try:
         await controller.run()
     finally:
+        if follower is not None:
+            follower.cancel()
         if runtime.controllers.get((namespace, name)) is controller:
             del runtime.controllers[(namespace, name)]
 
@@ -420,7 +436,8 @@ async def spec_updated(body: kopf.Body, memo: Any, old: Any, new: Any, **_: Any)
     if controller is not None:
         controller.update_spec(run, spec)
     if (old or {}).get("suspend") != (new or {}).get("suspend"):
-        await runtime.kube.patch_job_suspend(namespace, names.trainer_job_name(name), spec.suspend)
+        if spec.trainer.nodes == 1:  # a RayCluster follows spec.suspend through ray_child.follow_ray_cluster
+            await runtime.kube.patch_job_suspend(namespace, names.trainer_job_name(name), spec.suspend)
         await runtime.kube.post_event(
             run, reason="Suspended" if spec.suspend else "Resumed", message="spec.suspend"
         )

@@ -54,6 +54,11 @@ def trainer_job_name(run: str) -> str:
     return _bounded(run, "trainer", limit=52)  # pods of a Job get a suffix; keep room
 
 
+def ray_cluster_name(run: str) -> str:
+    """A multi-node run's RayCluster; KubeRay derives `<name>-head-svc` and its pods' names from it."""
+    return _bounded(run, "ray", limit=40)
+
+
 def gateway_service_name(run: str) -> str:
     return _bounded(run, "gateway")
 

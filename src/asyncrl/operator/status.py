@@ -39,6 +39,7 @@ class RunObservation:
     template_error: str | None
     fatal_error: str | None = None  # the run cannot succeed: phase Failed with this message
     trainer_error: str | None = None  # the trainer's last reported (restartable) error
+    ray_cluster: str | None = None  # KubeRay's state of a multi-node trainer's RayCluster
 
 
 def _trainer_outcome(job: Mapping[str, Any]) -> tuple[Phase, str] | None:
@@ -141,6 +142,8 @@ def next_status(
     if observation.rollout_counts is not None:
         counts = {RolloutState(state): count for state, count in observation.rollout_counts.items()}
         update["rollouts"] = RolloutCounts.from_states(counts)
+    if observation.ray_cluster is not None:
+        update["ray_cluster"] = observation.ray_cluster
     if status.start_time is None and phase is Phase.RUNNING:
         update["start_time"] = now
     return status.model_copy(update=update)

@@ -3,7 +3,8 @@
 Covers what our operator's pods use: init containers, native sidecars (init containers with
 `restartPolicy: Always`, started first and stopped after the main containers), restart policies, env and
 envFrom from Secrets/ConfigMaps/fieldRefs, ConfigMap/Secret/emptyDir/downwardAPI/projected/hostPath volumes
-(materialized in a folder, container paths rewritten to it), and httpGet/tcpSocket/exec readiness probes.
+(materialized in a folder, container paths rewritten to it), persistentVolumeClaim volumes (one folder per
+claim, shared by the pods that mount it), and httpGet/tcpSocket/exec readiness probes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +37,12 @@ MAX_GRACE_SECONDS = 10.0
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# Adapts one container's process to this machine beyond the image table: (pod, container spec, argv, env) ->
+# (argv, env). KubeRay's pods need one (asyncrl.testing.kuberay_pods): generated shell commands, service host
+# names and fixed ports that pods sharing one host cannot all hold.
+ContainerRewrite = Callable[[JSON, JSON, list[str], dict[str, str]], tuple[list[str], dict[str, str]]]
 
 
 class PodSetupError(Exception):
@@ -103,6 +110,7 @@ class PodExecution(threading.Thread):
         images: ImageTable,
         pod_dir: Path,
         base_env: Mapping[str, str],
+        rewrite: ContainerRewrite | None = None,
     ) -> None:
         metadata = pod["metadata"]
         super().__init__(name=f"pod-{metadata['namespace']}/{metadata['name']}", daemon=True)
@@ -111,6 +119,7 @@ class PodExecution(threading.Thread):
         self.images = images
         self.pod_dir = pod_dir
         self.base_env = dict(base_env)
+        self.rewrite = rewrite
         self.namespace: str = metadata["namespace"]
         self.pod_name: str = metadata["name"]
         self.restart_policy: str = pod["spec"].get("restartPolicy", "Always")
@@ -260,6 +269,8 @@ class PodExecution(threading.Thread):
             raise PodSetupError(
                 "CreateContainerConfigError", f"container {container.name}: {error}"
             ) from error
+        if self.rewrite is not None:
+            container.argv, container.env = self.rewrite(self.pod, spec, container.argv, container.env)
         working_dir = spec.get("workingDir")
         container.cwd = map_paths(working_dir, mounts) if working_dir else str(self.pod_dir)
         container.log_path = self.log_path(container.name)
@@ -481,6 +492,14 @@ class PodExecution(threading.Thread):
             name = volume["name"]
             if "hostPath" in volume:
                 self._mounts_by_volume[name] = Path(volume["hostPath"]["path"])
+                continue
+            if "persistentVolumeClaim" in volume:
+                # One folder per claim, shared by every pod that mounts it (ReadWriteMany on one host);
+                # it outlives the pods, as a claim's volume does.
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                shared = self.pod_dir.parent.parent / "claims" / f"{self.namespace}_{claim}"
+                shared.mkdir(parents=True, exist_ok=True)
+                self._mounts_by_volume[name] = shared
                 continue
             target = root / name
             shutil.rmtree(target, ignore_errors=True)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from asyncrl.testing.podexec import JSON, PodExecution
+from asyncrl.testing.podexec import JSON, ContainerRewrite, PodExecution
 from asyncrl.testing.podspec import ImageTable
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class PodRunner:
         work_dir: Path,
         node_name: str = DEFAULT_NODE_NAME,
         base_env: Mapping[str, str] | None = None,
+        rewrite: ContainerRewrite | None = None,
     ) -> None:
         from kubernetes import client
 
@@ -44,6 +45,7 @@ class PodRunner:
         self.work_dir = work_dir
         self.node_name = node_name
         self.base_env = dict(base_env or {})
+        self.rewrite = rewrite
         self._executions: dict[str, PodExecution] = {}
         self._deleting: set[str] = set()
         self._lock = threading.Lock()
@@ -179,6 +181,7 @@ class PodRunner:
                 images=self.images,
                 pod_dir=self.pod_dir(metadata["namespace"], metadata["name"]),
                 base_env=self.base_env,
+                rewrite=self.rewrite,
             )
             self._executions[uid] = execution
         execution.start()

@@ -73,12 +73,34 @@ ASYNC_WINDOW_RULE = CelRule(
     field_path=".async.windowSize",
 )
 
+# A Ray cluster of more than one node writes each checkpoint from every node (each rank saves its shard), so
+# all of them must mount the same volume: a claim the head and every worker pod mount (ReadWriteMany; the
+# operator checks the claim's access modes, which CEL cannot see).
+MULTI_NODE_CHECKPOINT_RULE = CelRule(
+    rule="!has(self.nodes) || self.nodes <= 1 || (has(self.checkpoint) && has(self.checkpoint.claimName))",
+    message=(
+        "trainer.nodes > 1 needs trainer.checkpoint.claimName: a ReadWriteMany PersistentVolumeClaim that "
+        "the Ray head and every worker pod mount (each node writes its shard of a checkpoint); create one "
+        "(NFS, CephFS, a cloud file store) and name it there, or set trainer.nodes: 1"
+    ),
+    field_path=".checkpoint.claimName",
+)
+MULTI_NODE_BACKEND_RULE = CelRule(
+    rule="!has(self.nodes) || self.nodes <= 1 || !has(self.backend) || self.backend == 'Verl'",
+    message=(
+        "trainer.nodes > 1 needs trainer.backend: Verl (the Reference backend trains in one process on "
+        "one node); set trainer.nodes: 1 for the Reference backend"
+    ),
+    field_path=".nodes",
+)
+
 # Fields that define what a run trains; changing them would make its checkpoints and metrics meaningless.
 IMMUTABLE_FIELDS = (
     "model",
     "trainBatchSize",
     "rollout.samplesPerPrompt",
     "trainer.backend",
+    "trainer.nodes",
     "async.enabled",
     "async.windowSize",
 )

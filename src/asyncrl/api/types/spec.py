@@ -30,6 +30,8 @@ from asyncrl.api.types.rules import (
     DATA_SOURCE_RULE,
     MAX_TRAIN_BATCH_SIZE,
     MAX_WINDOW_SIZE,
+    MULTI_NODE_BACKEND_RULE,
+    MULTI_NODE_CHECKPOINT_RULE,
     TEMPLATE_SOURCE_RULE,
     check_exactly_one,
     immutable_rules,
@@ -398,8 +400,15 @@ class CheckpointSpec(ApiModel):
     )
 
 
+MAX_TRAINER_NODES = 512
+
+
 class TrainerSpec(ApiModel):
-    """The trainer pod: the training backend on the shared GPUs."""
+    """The trainer pod (or, with nodes > 1, the Ray cluster): the training backend on the shared GPUs."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(MULTI_NODE_CHECKPOINT_RULE, MULTI_NODE_BACKEND_RULE)
+    )
 
     backend: TrainerBackend = Field(
         default=TrainerBackend.VERL,
@@ -420,6 +429,27 @@ class TrainerSpec(ApiModel):
         default=1,
         ge=0,
         description="GPUs of the trainer pod, shared by inference and training; 0 for the reference backend.",
+    )
+    nodes: int = Field(
+        strict=True,
+        default=1,
+        ge=1,
+        le=MAX_TRAINER_NODES,
+        description=(
+            "Nodes the trainer spans. 1: one trainer pod (a Job). More: a KubeRay RayCluster (KubeRay "
+            "must be installed) whose head pod holds the trainer (the Ray driver) and the gateway, with "
+            "nodes - 1 worker pods; verl trains and serves across all of them (trainer.nnodes). Needs the "
+            "Verl backend and a ReadWriteMany checkpoint.claimName."
+        ),
+    )
+    gpus_per_node: int | None = Field(
+        strict=True,
+        default=None,
+        ge=0,
+        description=(
+            "GPUs of each Ray node when nodes > 1 (the head pod's Ray container and every worker pod; "
+            "verl's trainer.n_gpus_per_node); unset: trainer.gpus."
+        ),
     )
     verl_overrides: dict[str, Any] | None = Field(
         default=None,
@@ -449,6 +479,19 @@ class TrainerSpec(ApiModel):
         default=SampleLevel.TRAJECTORY,
         description="Train on each model call (`Transition`) or on each whole rollout (`Trajectory`).",
     )
+
+    @model_validator(mode="after")
+    def _multi_node_rules(self) -> Self:
+        if self.nodes > 1 and self.backend is not TrainerBackend.VERL:
+            raise FieldRuleError(MULTI_NODE_BACKEND_RULE.message, field_path=("nodes",))
+        if self.nodes > 1 and self.checkpoint.claim_name is None:
+            raise FieldRuleError(MULTI_NODE_CHECKPOINT_RULE.message, field_path=("checkpoint", "claimName"))
+        return self
+
+    @property
+    def node_gpus(self) -> int:
+        """GPUs of each node of the trainer: gpusPerNode when set, else gpus."""
+        return self.gpus if self.gpus_per_node is None else self.gpus_per_node
 
     @field_validator("verl_overrides")
     @classmethod

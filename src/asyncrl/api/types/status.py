@@ -163,6 +163,13 @@ class AsyncTrainingRunStatus(ApiModel):
     jobs: JobCounts | None = Field(default=None, description="Agent Jobs.")
     start_time: AwareDatetime | None = Field(default=None, description="When the trainer started.")
     last_step_time: AwareDatetime | None = Field(default=None, description="When the last update finished.")
+    ray_cluster: str | None = Field(
+        default=None,
+        description=(
+            "KubeRay's state of the trainer's RayCluster (trainer.nodes > 1), e.g. "
+            "`ready (1/1 workers ready)`."
+        ),
+    )
     message: str | None = Field(default=None, description="What the run is doing or why it stopped.")
 
     def with_window_summary(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ import httpx
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
 from asyncrl.trainer.backends.staging import read_checkpoint_meta, staged_directory, write_checkpoint_meta
 from asyncrl.trainer.backends.verl.batch import build_trajectory_batch
+from asyncrl.trainer.backends.verl.cluster import ray_connection
 from asyncrl.trainer.backends.verl.resources import plan_ray_cpus, storage_units_of
 from asyncrl.trainer.rows import TrainingRow
 
@@ -98,14 +100,19 @@ class VerlBackend:
         from asyncrl.trainer.backends.verl.trainer import WindowDrivenTrainer
 
         if not ray.is_initialized():
-            # Sized to the pod, not the node: otherwise verl's placement groups wait forever (resources.py).
-            plan = plan_ray_cpus(
-                gpus=int(self.config.trainer.n_gpus_per_node), storage_units=storage_units_of(self.config)
-            )
-            logger.info("starting Ray: %s", plan.describe())
+            connection = ray_connection(nnodes=int(self.config.trainer.nnodes), env=os.environ)
+            init_kwargs = dict(connection.init_kwargs)
+            if connection.needs_cpu_plan:
+                # Sized to the pod, not the node, or verl's placement groups wait forever (resources.py).
+                plan = plan_ray_cpus(
+                    gpus=int(self.config.trainer.n_gpus_per_node), storage_units=storage_units_of(self.config)
+                )
+                logger.info("starting Ray: %s", plan.describe())
+                init_kwargs["num_cpus"] = plan.available
+            logger.info("Ray: %s", connection.describe())
             runtime_env = _ray_runtime_env(self.config)
             runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
-            ray.init(num_cpus=plan.available, runtime_env=runtime_env, include_dashboard=False)
+            ray.init(runtime_env=runtime_env, **init_kwargs)
         OmegaConf.resolve(self.config)
         tq.init(self.config.transfer_queue)
         trainer: Any = WindowDrivenTrainer(config=self.config)

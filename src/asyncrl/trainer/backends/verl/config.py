@@ -60,13 +60,14 @@ class VerlSettings:
     model_path: str
     train_batch_size: int  # groups per update
     rollout_n: int
-    gpus: int
+    gpus: int  # per node
     total_steps: int | None
     rollout_is: Literal["token", "sequence"] | None  # None: rollout correction off
     rollout_is_threshold: float
     checkpoint_dir: str
     experiment_name: str
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    nnodes: int = 1  # more: a KubeRay RayCluster the trainer joins as the driver (cluster.py)
 
     def owned(self) -> dict[str, Any]:
         """The keys the run sets (OWNED_VERL_KEYS), with their values."""
@@ -76,7 +77,7 @@ class VerlSettings:
             "actor_rollout_ref.rollout.n": self.rollout_n,
             "actor_rollout_ref.model.path": self.model_path,
             "trainer.n_gpus_per_node": self.gpus,
-            "trainer.nnodes": 1,
+            "trainer.nnodes": self.nnodes,
             "trainer.total_epochs": 1,
             "trainer.use_v1": True,
             "trainer.v1.trainer_mode": TRAINER_MODE,
@@ -103,7 +104,12 @@ class VerlSettings:
 
 def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> VerlSettings:
     spec = run.spec
-    if spec.trainer.gpus < 1:
+    if spec.trainer.nodes > 1 and spec.trainer.node_gpus < 1:
+        raise VerlConfigError(
+            "spec.trainer.gpusPerNode is 0 (or unset with spec.trainer.gpus: 0), and the verl backend trains "
+            "and serves on GPUs: set spec.trainer.gpusPerNode to the GPUs of each node (1 or more)"
+        )
+    if spec.trainer.gpus < 1 and spec.trainer.nodes == 1:
         raise VerlConfigError(
             "spec.trainer.gpus is 0, and the verl backend trains and serves on GPUs: set spec.trainer.gpus "
             "to the GPUs of the trainer pod (1 or more), or use spec.trainer.backend: Reference on CPU"
@@ -113,7 +119,8 @@ def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> Verl
         model_path=spec.model.path,
         train_batch_size=spec.train_batch_size,
         rollout_n=spec.rollout.samples_per_prompt,
-        gpus=spec.trainer.gpus,
+        gpus=spec.trainer.node_gpus,
+        nnodes=spec.trainer.nodes,
         total_steps=spec.total_steps,
         rollout_is=spec.rollout_correction.rollout_is,
         rollout_is_threshold=spec.rollout_correction.threshold,

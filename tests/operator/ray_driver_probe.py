@@ -1,0 +1,58 @@
+"""A stand-in for `asyncrl trainer` in the head pod of a multi-node run: the Ray driver, without GPUs.
+
+It does what the verl backend does before training: reads the run from the ConfigMap the operator mounts
+(`--config`), composes verl's config from it (verl's own Hydra files and validate_config), and joins the
+run's Ray cluster the way the backend does (`ray_connection`, RAY_ADDRESS). It waits until Ray shows every
+node of the run, writes what it saw to $ASYNCRL_PROBE_REPORT (JSON) and exits 0, which the operator reads
+as the trainer finishing. The test asserts on the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    known, _ = parser.parse_known_args(argv)
+    import ray
+
+    from asyncrl.api import load_run
+    from asyncrl.trainer.backends.verl.cluster import ray_connection
+    from asyncrl.trainer.backends.verl.config import compose_verl_config, verl_settings
+
+    run = load_run(yaml.safe_load(Path(known.config).read_text()))
+    config = compose_verl_config(verl_settings(run, checkpoint_dir=Path("/ckpt")))
+    nnodes, gpus = int(config.trainer.nnodes), int(config.trainer.n_gpus_per_node)
+    connection = ray_connection(nnodes=nnodes, env=os.environ)
+    ray.init(**connection.init_kwargs)
+    deadline = time.monotonic() + 240
+    nodes: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        nodes = [node for node in ray.nodes() if node["Alive"]]
+        if len(nodes) >= nnodes:
+            break
+        time.sleep(1)
+    report = {
+        "address": connection.address,
+        "verl": {"nnodes": nnodes, "n_gpus_per_node": gpus},
+        "nodes": [{"id": node["NodeID"], "resources": node["Resources"]} for node in nodes],
+        "cluster_resources": ray.cluster_resources(),
+    }
+    ray.shutdown()
+    Path(os.environ["ASYNCRL_PROBE_REPORT"]).write_text(json.dumps(report))
+    print(json.dumps(report), flush=True)
+    return 0 if len(nodes) >= nnodes else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,313 @@
+"""A two-node run on a real KubeRay operator, against its own local control plane.
+
+Real parts: kube-apiserver and kube-controller-manager (owner GC), the KubeRay operator built from its Go
+module (scripts/provision-kuberay.sh) with the CRDs of the same module, the `asyncrl operator` process, the
+gateway sidecar, and Ray itself: the head and worker pods KubeRay creates run its generated `ray start`
+commands as real processes (asyncrl.testing.kuberay_pods adapts host names and ports to one host). Stand-ins:
+the pod runner for the kubelet, and tests/operator/ray_driver_probe.py for `asyncrl trainer` (it composes
+verl's config from the run and joins the Ray cluster as the verl backend does, then reports and exits).
+No GPUs here: each Ray node advertises the one GPU of its pod's limit (`ray start --num-gpus=1`, which
+KubeRay derives from `nvidia.com/gpu`), which Ray takes on trust.
+
+Its own control plane, so that the session's one keeps no KubeRay CRDs (tests/operator/
+test_multi_node_controlplane.py needs them absent). KubeRay's readiness probes call `wget` against the
+dashboard agent; they are switched off with KubeRay's own ENABLE_PROBES_INJECTION=false.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.operator import names
+from asyncrl.operator.ray_cluster import RAY_CLUSTER_PLURAL, RAY_GROUP
+from asyncrl.testing.controlplane import ControlPlane, ControlPlaneError, default_bin_dir, free_port
+from asyncrl.testing.kuberay_pods import KubeRayLocalPods
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.podspec import Image, ImageTable
+from asyncrl.testing.processes import start_server
+from asyncrl.testing.waiting import wait_for
+from tests.operator.cluster import apply_run, kubectl_run
+from tests.operator.conftest import GATEWAY_IMAGE, TRAINER_IMAGE, run_manifest
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+KUBERAY_VERSION = "1.5.0"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kuberay_dir() -> Path:
+    cache = Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
+    return cache / "kuberay" / f"v{KUBERAY_VERSION}"
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    if not (kuberay_dir() / "bin" / "ray-operator").exists():
+        pytest.fail(
+            f"KubeRay v{KUBERAY_VERSION} is not provisioned in {kuberay_dir()}: "
+            "run scripts/provision-kuberay.sh",
+            pytrace=False,
+        )
+    control = ControlPlane(bin_dir=default_bin_dir(), work_dir=tmp_path_factory.mktemp("kuberay-plane"))
+    try:
+        control.start()
+    except ControlPlaneError as error:
+        pytest.fail(str(error), pytrace=False)
+    yield control
+    control.stop()
+
+
+@pytest.fixture(scope="module")
+def client_of(plane: ControlPlane) -> Iterator[Any]:
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)
+    with client.ApiClient(configuration) as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def kubectl_of(plane: ControlPlane) -> list[str]:
+    return [str(Path(plane.bin_dir) / "kubectl"), f"--kubeconfig={plane.kubeconfig}"]
+
+
+@pytest.fixture(scope="module")
+def kuberay(
+    plane: ControlPlane, kubectl_of: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """The CRDs (ours and KubeRay's, applied as a user would) and the KubeRay operator process."""
+    crds = [REPO / "crds", kuberay_dir() / "crds" / "ray.io_rayclusters.yaml"]
+    for path in crds:
+        done = kubectl_run(kubectl_of, "apply", "--server-side", "--force-conflicts", "-f", str(path))
+        assert done.returncode == 0, done.stderr
+    for crd in ("asynctrainingruns.asyncrl.dev", "rayclusters.ray.io"):
+        done = wait_for(
+            lambda crd=crd: (
+                kubectl_run(
+                    kubectl_of, "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s"
+                ).returncode
+                == 0
+            ),
+            timeout=90,
+            what=f"CRD {crd} Established",
+            interval=1.0,
+        )
+    health = free_port()
+    operator = start_server(
+        [
+            str(kuberay_dir() / "bin" / "ray-operator"),
+            f"--kubeconfig={plane.kubeconfig}",
+            f"--metrics-addr=127.0.0.1:{free_port()}",
+            f"--health-probe-bind-address=127.0.0.1:{health}",
+            "--log-stdout-encoder=console",
+            "--enable-leader-election=false",
+        ],
+        ready_url=f"http://127.0.0.1:{health}/healthz",
+        log_path=tmp_path_factory.mktemp("kuberay") / "ray-operator.log",
+        env={**os.environ, "ENABLE_PROBES_INJECTION": "false"},
+        timeout_seconds=120,
+    )
+    yield
+    operator.stop()
+
+
+@pytest.fixture
+def ns(client_of: Any) -> Iterator[str]:
+    from kubernetes import client
+
+    name = f"kr-{os.urandom(4).hex()}"
+    client.CoreV1Api(client_of).create_namespace({"metadata": {"name": name}})
+    yield name
+    client.CoreV1Api(client_of).delete_namespace(name)
+
+
+def _pods(client_of: Any, namespace: str, selector: str) -> list[Any]:
+    from kubernetes import client
+
+    return list(client.CoreV1Api(client_of).list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def _ray_cluster(client_of: Any, namespace: str, run: str) -> dict[str, Any] | None:
+    from kubernetes import client
+
+    try:
+        found: dict[str, Any] = client.CustomObjectsApi(client_of).get_namespaced_custom_object(
+            RAY_GROUP, "v1", namespace, RAY_CLUSTER_PLURAL, names.ray_cluster_name(run)
+        )
+    except client.exceptions.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return found
+
+
+def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_deletion_leaves_nothing(
+    plane: ControlPlane, client_of: Any, kubectl_of: list[str], kuberay: None, ns: str, tmp_path: Path
+) -> None:
+
+    report = tmp_path / "driver-report.json"
+    images = ImageTable(
+        {
+            GATEWAY_IMAGE: Image(),
+            TRAINER_IMAGE: Image(
+                entrypoint=(sys.executable, "-m", "tests.operator.ray_driver_probe"),
+                env={"ASYNCRL_PROBE_REPORT": str(report)},
+                replace_command=True,
+            ),
+        }
+    )
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    # Ray's own temp dir, not the host's /tmp/ray: a killed head leaves /tmp/ray/ray_current_cluster behind,
+    # and any later `ray.init()` on this machine would then try to join that dead cluster. Short, because
+    # Ray's unix sockets live under it (108 characters at most).
+    ray_tmp = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))
+    base_env = {
+        "PATH": path,
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": f"{REPO / 'src'}:{REPO}",
+        "HOME": str(tmp_path),
+        "RAY_TMPDIR": str(ray_tmp),
+    }
+    runner = PodRunner(
+        api_client=client_of,
+        images=images,
+        work_dir=tmp_path / "pods",
+        base_env=base_env,
+        rewrite=KubeRayLocalPods(free_port),
+    )
+    health = free_port()
+    with runner:
+        operator = start_server(
+            [
+                sys.executable,
+                "-m",
+                "asyncrl.cli",
+                "operator",
+                "--namespace",
+                ns,
+                "--gateway-address",
+                "localhost",
+                f"--kubeconfig={plane.kubeconfig}",
+                f"--health-port={health}",
+            ],
+            ready_url=f"http://127.0.0.1:{health}/healthz",
+            log_path=tmp_path / "operator.log",
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            timeout_seconds=60,
+        )
+        try:
+            _two_node_run(client_of, kubectl_of, ns, report)
+            assert list((ray_tmp / "ray").glob("session_*")), "Ray did not use its own temp dir"
+        finally:
+            operator.stop()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(client_of)
+    core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": "shared"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    manifest = run_manifest("multi")
+    manifest["spec"]["trainer"].update(
+        backend="Verl",
+        nodes=2,
+        gpusPerNode=1,
+        resources={"limits": {"cpu": "1", "memory": "2Gi"}},
+        checkpoint={"claimName": "shared"},
+    )
+    applied = apply_run(kubectl_of, ns, manifest)
+    assert applied.returncode == 0, applied.stderr
+    run_uid = wait_for(
+        lambda: _run(client_of, ns).get("metadata", {}).get("uid"), timeout=30, what="the run stored"
+    )
+
+    cluster = wait_for(lambda: _ray_cluster(client_of, ns, "multi"), timeout=120, what="the RayCluster")
+    (owner,) = cluster["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("AsyncTrainingRun", run_uid)
+    batch = client.BatchV1Api(client_of)
+    assert not batch.list_namespaced_job(ns).items  # no one-node trainer Job beside the cluster
+
+    # KubeRay's head and worker pods, Ray's processes in them, and the driver joining: its report.
+    states: set[str] = set()
+
+    def reported() -> dict[str, Any] | None:
+        states.add(str(_run(client_of, ns).get("status", {}).get("rayCluster")))
+        return json.loads(report.read_text()) if report.exists() else None
+
+    seen = wait_for(reported, timeout=420, what="the driver's report of the Ray cluster", interval=1.0)
+    assert seen["verl"] == {"nnodes": 2, "n_gpus_per_node": 1}
+    assert len(seen["nodes"]) == 2, seen
+    assert len({node["id"] for node in seen["nodes"]}) == 2
+    for node in seen["nodes"]:  # each pod's limits, as KubeRay passed them to `ray start`
+        assert node["resources"]["GPU"] == 1.0
+        assert node["resources"]["CPU"] == 1.0
+    assert seen["cluster_resources"]["GPU"] == 2.0
+    head = _pods(client_of, ns, "ray.io/node-type=head")
+    workers = _pods(client_of, ns, "ray.io/node-type=worker")
+    assert (len(head), len(workers)) == (1, 1)
+    assert [c.name for c in head[0].spec.containers] == ["ray-head", "trainer"]
+    assert [c.name for c in workers[0].spec.init_containers] == ["wait-gcs-ready"]  # KubeRay's own
+
+    # The driver exited 0: the run succeeded, the status showed the cluster, and its GPUs are released.
+    def succeeded() -> dict[str, Any] | None:
+        status: dict[str, Any] = _run(client_of, ns).get("status") or {}
+        states.add(str(status.get("rayCluster")))
+        return status if status.get("phase") == "Succeeded" else None
+
+    wait_for(succeeded, timeout=180, what="the run Succeeded", interval=1.0)
+    assert any(state.startswith("ready") for state in states), states
+    wait_for(
+        lambda: not _pods(client_of, ns, "ray.io/cluster"),
+        timeout=180,
+        what="the finished cluster's pods gone",
+    )
+    assert (_ray_cluster(client_of, ns, "multi") or {}).get("spec", {}).get("suspend") is True
+
+    # Deleting the run deletes the cluster (owner GC) and everything of it.
+    deleted = kubectl_run(kubectl_of, "delete", "atr", "multi", "-n", ns, "--wait=true", "--timeout=60s")
+    assert deleted.returncode == 0, deleted.stderr
+
+    def leftovers() -> list[str]:
+        found = (
+            [f"RayCluster {names.ray_cluster_name('multi')}"] if _ray_cluster(client_of, ns, "multi") else []
+        )
+        found += [f"pod {p.metadata.name}" for p in core.list_namespaced_pod(ns).items]
+        found += [f"service {s.metadata.name}" for s in core.list_namespaced_service(ns).items]
+        found += [
+            f"configmap {c.metadata.name}"
+            for c in core.list_namespaced_config_map(ns).items
+            if c.metadata.name != "kube-root-ca.crt"
+        ]
+        found += [f"secret {s.metadata.name}" for s in core.list_namespaced_secret(ns).items]
+        return found
+
+    wait_for(lambda: not leftovers() or None, timeout=180, what="nothing left of the run")
+
+
+def _run(client_of: Any, namespace: str) -> dict[str, Any]:
+    from kubernetes import client
+
+    try:
+        found: dict[str, Any] = client.CustomObjectsApi(client_of).get_namespaced_custom_object(
+            "asyncrl.dev", "v1alpha1", namespace, "asynctrainingruns", "multi"
+        )
+    except client.exceptions.ApiException:
+        return {}
+    return found

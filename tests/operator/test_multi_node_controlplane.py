@@ -1,0 +1,102 @@
+"""Multi-node runs where KubeRay is absent, on the real control plane with a real operator process.
+
+KubeRay is an optional prerequisite: a run with `trainer.nodes > 1` in a cluster without the RayCluster CRD
+must fail once with what to install, not retry forever; a `nodes: 1` run must not notice KubeRay at all.
+(The run with KubeRay itself: tests/operator/test_kuberay_controlplane.py, on its own control plane.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncrl.operator import names
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.waiting import wait_for
+from tests.operator.cluster import apply_run, events, run_status, trainer_job
+from tests.operator.conftest import OperatorStarter, run_manifest
+
+pytestmark = [pytest.mark.controlplane]
+
+
+def _claim(api_client: Any, namespace: str, name: str, mode: str) -> None:
+    from kubernetes import client
+
+    client.CoreV1Api(api_client).create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+
+
+def _multi_node(name: str, claim: str) -> dict[str, Any]:
+    manifest = run_manifest(name)
+    manifest["spec"]["trainer"].update(
+        backend="Verl", nodes=2, gpusPerNode=1, checkpoint={"claimName": claim}
+    )
+    return manifest
+
+
+def _failed(api_client: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    status = run_status(api_client, namespace, name)
+    return status if status.get("phase") == "Failed" else None
+
+
+def test_without_kuberay_a_multi_node_run_fails_once_with_what_to_install_and_a_one_node_run_works(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    from kubernetes import client
+
+    start_operator()
+    _claim(api_client, namespace, "shared", "ReadWriteMany")
+    assert apply_run(kubectl, namespace, _multi_node("multi", "shared")).returncode == 0
+    assert apply_run(kubectl, namespace, run_manifest("single")).returncode == 0
+
+    status = wait_for(lambda: _failed(api_client, namespace, "multi"), timeout=120, what="multi Failed")
+    assert "no RayCluster CRD" in status["message"]
+    assert "install KubeRay" in status["message"]
+    assert "spec.trainer.nodes: 1" in status["message"]
+    assert trainer_job(api_client, namespace, "multi") is None  # no one-node fallback behind the user's back
+
+    # The one-node run in the same namespace is untouched by KubeRay's absence: its trainer Job runs.
+    wait_for(lambda: trainer_job(api_client, namespace, "single"), timeout=120, what="single's trainer Job")
+    wait_for(
+        lambda: run_status(api_client, namespace, "single").get("phase") in ("Running", "Succeeded"),
+        timeout=240,
+        what="single Running",
+    )
+    assert "rayCluster" not in run_status(api_client, namespace, "single")
+
+    # No crash loop: one Warning, and a restarted operator leaves the failed run alone.
+    assert len(events(kubectl, namespace, reason="RayClusterRejected")) == 1
+    assert not events(kubectl, namespace, reason="ReconcileError")
+    start_operator()
+    wait_for(
+        lambda: run_status(api_client, namespace, "single").get("phase") in ("Running", "Succeeded"),
+        timeout=120,
+        what="single still Running after the restart",
+    )
+    assert len(events(kubectl, namespace, reason="RayClusterRejected")) == 1
+    pods = client.CoreV1Api(api_client).list_namespaced_pod(
+        namespace, label_selector=f"{names.LABEL_RUN}=multi"
+    )
+    assert pods.items == []
+
+
+def test_a_checkpoint_claim_only_one_node_can_mount_fails_the_run_naming_read_write_many(
+    api_client: Any, namespace: str, kubectl: list[str], start_operator: OperatorStarter
+) -> None:
+    start_operator()
+    _claim(api_client, namespace, "single-node", "ReadWriteOnce")
+    assert apply_run(kubectl, namespace, _multi_node("multi", "single-node")).returncode == 0
+    status = wait_for(lambda: _failed(api_client, namespace, "multi"), timeout=120, what="multi Failed")
+    assert "spec.trainer.checkpoint.claimName" in status["message"]
+    assert "ReadWriteMany" in status["message"]
+    assert "ReadWriteOnce" in status["message"]
