@@ -12,6 +12,7 @@ import asyncio
 import httpx
 
 from asyncrl.gateway.client import EventsBatch, GatewayClient
+from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import MAX_EVENTS_BATCH_ROLLOUTS
 from tests.gateway.conftest import RunningGateway, create_rollouts
 
@@ -39,13 +40,16 @@ def test_a_batch_holds_each_rollouts_own_document_and_names_the_ids_it_lacks(gat
         answer = admin.post("/api/rollouts/events", json={"rollout_ids": ["b3", "nope", "b1", "b2", "b1"]})
         assert answer.status_code == 200, answer.text
         batch = EventsBatch.parse(answer.content)
-        single = {rid: admin.get(f"/api/rollouts/{rid}/events").json() for rid in ("b1", "b2", "b3")}
+        single = {
+            rid: EventsDocument.model_validate_json(admin.get(f"/api/rollouts/{rid}/events").content)
+            for rid in ("b1", "b2", "b3")
+        }
         stats = admin.get("/api/stats").json()
 
-    assert [document["rollout"]["rollout_id"] for document in batch.documents] == ["b3", "b1", "b2"]
+    assert [document.rollout.rollout_id for document in batch.documents] == ["b3", "b1", "b2"]
     for document in batch.documents:  # the same document as the per-rollout route, duplicates sent once
-        assert document == single[document["rollout"]["rollout_id"]]
-    assert [len(document["model_calls"]) for document in batch.documents] == [1, 2, 0]
+        assert document == single[document.rollout.rollout_id]
+    assert [len(document.model_calls) for document in batch.documents] == [1, 2, 0]
     assert batch.missing == ["nope"]
     assert batch.omitted == []
     assert batch.instance_id == stats["instance_id"]
@@ -67,9 +71,9 @@ def test_the_byte_bound_leaves_out_documents_that_do_not_fit_and_always_sends_th
         bounded = admin.post("/api/rollouts/events", json={"rollout_ids": ids, "max_bytes": two})
         batch = EventsBatch.parse(bounded.content)
 
-    assert [document["rollout"]["rollout_id"] for document in tiny.documents] == ["big0"]
+    assert [document.rollout.rollout_id for document in tiny.documents] == ["big0"]
     assert tiny.omitted == ids[1:]
-    assert [document["rollout"]["rollout_id"] for document in batch.documents] == ["big0", "big1"]
+    assert [document.rollout.rollout_id for document in batch.documents] == ["big0", "big1"]
     assert batch.omitted == ["big2", "big3"]
     assert batch.size_bytes < two + 200  # the documents plus the envelope
 
@@ -89,7 +93,7 @@ def test_the_client_reads_every_document_across_omissions(gateway: RunningGatewa
             while wanted:
                 batch = await client.rollout_events_batch(wanted, max_bytes=1)
                 requests += 1
-                seen += [document["rollout"]["rollout_id"] for document in batch.documents]
+                seen += [document.rollout.rollout_id for document in batch.documents]
                 wanted = batch.omitted
         return seen, requests
 
