@@ -10,8 +10,8 @@ import pytest
 
 from asyncrl.capturing import CaptureMode
 from asyncrl.gateway.capture import capture_call, events_document
-from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.door import Refused, RouteAccess, find_json_problem, parse_json, route_access
+from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import RolloutCreate
 from asyncrl.gateway.store import (
     EventRejected,
@@ -170,5 +170,3 @@ def test_the_events_document_stays_readable_whatever_was_stored(mode: CaptureMod
     assert parsed.model_calls[0].response_logprobs is None  # the adapter drops it: no log-probs
     result = adapt_rollout(parsed, group_id="g1", config=AdapterConfig())
     assert (result.counts.dropped_calls_without_logprobs, result.rows) == (1, ())
-
-

@@ -40,7 +40,7 @@ def call(
     version: int | None = 1,
     attempt_id: str = "a1",
 ) -> dict[str, Any]:
-    """One model call shaped like the events document's `CallRecord`; log-probs default to -0.5 per response token."""
+    """One model call as an events document's `CallRecord`; log-probs default to -0.5 per response token."""
     if logprobs is ...:
         logprobs = None if response is None else [-0.5] * len(response)
     return {

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from asyncrl.capturing import CaptureMode
 from asyncrl.gateway.events_wire import LOG_PROBS, TOKEN_IDS, CallRecord, EventRecord, LogProbs, TokenIds
@@ -116,6 +117,15 @@ def _tokens(response: Any) -> _Tokens:
     return prompt, response_ids, log_probs, ("; ".join(problems) or None)
 
 
+def _answer_json(raw: bytes) -> Any:
+    """The upstream's answer parsed with pydantic-core's parser: the same values as `json.loads` (floats
+    correctly rounded, big integers, NaN and Infinity accepted), in about half the time on the hot path."""
+    try:
+        return from_json(raw, allow_inf_nan=True) if raw else None
+    except ValueError:
+        return None
+
+
 def capture_call(
     *,
     mode: CaptureMode,
@@ -131,7 +141,7 @@ def capture_call(
     aborted: bool = False,
 ) -> CapturedCall:
     """The call as the store keeps it: arrays of its tokens; its JSON bodies too in `Full` capture."""
-    prompt, response_ids, log_probs, unreadable = _tokens(_json(response_body))
+    prompt, response_ids, log_probs, unreadable = _tokens(_answer_json(response_body))
     full = mode is CaptureMode.FULL
     return CapturedCall(
         attempt_id=attempt_id,

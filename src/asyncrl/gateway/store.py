@@ -483,9 +483,10 @@ class RolloutStore:
     def record_call(self, rollout_id: str, call: CapturedCall) -> str | None:
         """Store a call; returns the limit (`rollout`, `store`) it would have passed, or None.
 
-        A call that would pass a limit (several calls of one rollout were in flight at once) is kept without
-        its tokens, saying why, so the stored bytes never pass the limits; its rollout, or the store until
-        the trainer frees space, then refuses further calls (`check_capture_room`).
+        A call that would pass a limit (it was admitted just below it, or several were in flight at once) is
+        kept without its tokens, saying why: token data never passes the limits, only such calls' metadata
+        (`CALL_OVERHEAD_BYTES` each) may. Its rollout, or the store until the trainer frees space, then
+        refuses further calls (`check_capture_room`).
         """
         rollout = self._rollouts.get(rollout_id)
         if rollout is None:
@@ -524,7 +525,7 @@ class RolloutStore:
         return (
             f"the gateway's store holds {self.capture_bytes} bytes of captured model calls; its limit is "
             f"{self.max_capture_bytes} (--max-capture-bytes, spec.gateway.maxCaptureBytes): raise it with "
-            "the gateway's memory, or shrink the window (spec.async.asyncWindowSize); space is freed as the "
+            "the gateway's memory, or shrink the window (spec.async.windowSize); space is freed as the "
             "trainer consumes rollouts"
         )
 
