@@ -8,6 +8,7 @@ which ids it does not hold or left out, and answer only the gateway key.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 
@@ -135,3 +136,24 @@ def test_only_the_gateway_key_may_read_a_batch_and_bad_requests_name_the_field(
         assert [problem["field"] for problem in answer.json()["fields"]] == [field]
     assert still_fine.status_code == 200
     assert len(EventsBatch.parse(still_fine.content).documents) == 1
+
+
+def test_a_malformed_document_costs_only_its_own_rollout() -> None:
+    """The batch is validated in one pass; one document that does not validate is named, the rest kept."""
+    good = {
+        "rollout": {
+            "rollout_id": "ok", "group_id": "g1", "step": 0, "input": None, "mode": "train",
+            "state": "succeeded", "attempt_id": "a1", "timeout_seconds": None, "created_at": 0.0,
+            "started_at": 1.0, "finished_at": 2.0, "reward": 1.0, "message": None, "n_model_calls": 1,
+        },
+        "model_calls": [{"status": 200, "started_at": 1.0, "prompt_token_ids": [1], "response_token_ids": [2],
+                         "response_logprobs": [-0.5]}],
+    }  # fmt: skip
+    bad = {**good, "rollout": {**good["rollout"], "rollout_id": "bad"}, "model_calls": [{"status": "two"}]}
+    body = json.dumps({"instance_id": "i1", "missing": ["gone"], "omitted": [], "documents": [good, bad]})
+    batch = EventsBatch.parse(body.encode())
+    assert [document.rollout.rollout_id for document in batch.documents] == ["ok"]
+    assert batch.documents[0].model_calls[0].response_logprobs == (-0.5,)
+    assert list(batch.malformed) == ["bad"]
+    assert "model_calls" in batch.malformed["bad"]
+    assert (batch.instance_id, batch.missing) == ("i1", ["gone"])
