@@ -526,7 +526,9 @@ class GatewaySpec(ApiModel):
         default_factory=lambda: ResourceRequirements(requests=dict(DEFAULT_GATEWAY_REQUESTS)),
         description=(
             "Resources of the gateway container (limits, requests), quantities as in a pod spec; set, it "
-            "replaces the default (requests cpu: 500m, memory: 512Mi)."
+            "replaces the default (requests cpu: 500m, memory: 512Mi). The gateway holds the window's "
+            "captured model calls: size its memory from the window (docs/tuning-the-window.md, 'Sizing the "
+            "gateway'), with the limit above maxCaptureBytes."
         ),
         json_schema_extra={"default": {"requests": DEFAULT_GATEWAY_REQUESTS}},
     )
