@@ -9,9 +9,11 @@ an upstream (this script's `--serve-upstream` mode) answering `--response-tokens
 `--prompt-tokens` prompt, as vLLM does with `return_token_ids` and `logprobs`. Stand-in: the **update is a
 sleep of fixed cost** (`--update-seconds`), no model, no GPU.
 
-Both modes run in one invocation on fresh gateways, side by side: `before` fetches every consumed rollout's
-events at the pause, one request each (`LoopSettings.prefetch_rows=False`, the old path), `after` prepares
-rows as groups complete (batched, in the background). Printed per mode: gateway peak RSS (VmHWM), pause to
+Two ways of fetching, each on a fresh gateway (`--fetch`): `fetch at pause` fetches every consumed rollout's
+events at the pause, one request each (`LoopSettings.prefetch_rows=False`, the old path), `prefetch` prepares
+rows as groups complete (batched, in the background). `--capture` sets the gateway's capture mode (`compact`
+or `full`); left out, the flag is not passed, so an older gateway (one without compact capture, given first
+on PYTHONPATH) can be measured with the same script. Printed per run: gateway peak RSS (VmHWM), pause to
 update start (median and max over steps after the first), events bytes moved per step, events requests made
 while paused, trainer CPU seconds per step (this process: loop, client, adapter).
 """
@@ -164,7 +166,7 @@ class FixedCostBackend:
 
 
 def _measuring_client(gateway_url: str) -> Any:
-    from asyncrl.gateway.client import EventsBatch, GatewayClient
+    from asyncrl.gateway.client import GatewayClient
 
     class MeasuringClient(GatewayClient):
         def __init__(self) -> None:
@@ -174,10 +176,15 @@ def _measuring_client(gateway_url: str) -> Any:
             self.requests_while_paused = 0
             self.single_requests_while_paused = 0
             self.cpu_at_pause: list[float] = []
+            self.pause_call_seconds: list[float] = []  # the pause request itself (the drain included)
+            self.drain_seconds: list[float] = []  # the drain as the gateway measured it
 
         async def pause(self, **kwargs: Any) -> Any:
             self.cpu_at_pause.append(time.process_time())
+            asked = time.monotonic()
             result = await super().pause(**kwargs)
+            self.pause_call_seconds.append(time.monotonic() - asked)
+            self.drain_seconds.append(result.drain_seconds)
             self.paused = True
             return result
 
@@ -185,21 +192,13 @@ def _measuring_client(gateway_url: str) -> Any:
             self.paused = False
             return await super().resume(model_version=model_version)
 
-        async def rollout_events(self, rollout_id: str) -> dict[str, Any]:
-            self.requests_while_paused += self.paused
-            self.single_requests_while_paused += self.paused
-            response = await self._request("GET", f"/api/rollouts/{rollout_id}/events")
-            self.events_bytes += len(response.content)
-            result: dict[str, Any] = response.json()
-            return result
-
-        async def rollout_events_batch(
-            self, rollout_ids: Any, *, max_bytes: int | None = None
-        ) -> EventsBatch:
-            self.requests_while_paused += self.paused
-            batch = await super().rollout_events_batch(rollout_ids, max_bytes=max_bytes)
-            self.events_bytes += batch.size_bytes
-            return batch
+        async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+            response = await super()._request(method, path, **kwargs)
+            if path.startswith("/api/rollouts") and path.endswith("/events"):  # one rollout's, or a batch
+                self.events_bytes += len(response.content)
+                self.requests_while_paused += self.paused
+                self.single_requests_while_paused += self.paused and method == "GET"
+            return response
 
     return MeasuringClient()
 
@@ -244,8 +243,9 @@ async def _one_mode(
     from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks
     from asyncrl.trainer.window import WindowConfig
 
-    name = "after" if prefetch else "before"
-    gateway, gateway_url = start_gateway(upstream_url, log_dir, name=f"gateway-{name}")
+    name = "prefetch" if prefetch else "fetch at pause"
+    capture = [f"--capture={args.capture}"] if args.capture else []
+    gateway, gateway_url = start_gateway(upstream_url, log_dir, *capture, name=f"gateway-{int(prefetch)}")
     agents = _start_self(
         ["--agents", gateway_url, "--calls", str(args.calls), "--prompt-tokens", str(args.prompt_tokens),
          "--agent-concurrency", str(args.agent_concurrency)],
@@ -291,12 +291,14 @@ async def _one_mode(
     lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     measured = lines[1:] or lines  # the first step also fills the window
     pauses = [line["timing/pause_to_update_seconds"] for line in measured]
+    pause_calls = client.pause_call_seconds[1:] or client.pause_call_seconds
     cpu = [b - a for a, b in zip(client.cpu_at_pause, client.cpu_at_pause[1:], strict=False)]
     return {
         "mode": name,
         "gateway_peak_bytes": peak,
         "pause_median": statistics.median(pauses),
         "pause_max": max(pauses),
+        "pause_call_median": statistics.median(pause_calls) if pause_calls else float("nan"),
         "bytes_per_step": client.events_bytes / len(lines),
         "requests_while_paused": client.requests_while_paused,
         "single_requests_while_paused": client.single_requests_while_paused,
@@ -318,7 +320,7 @@ async def main(args: argparse.Namespace) -> None:
         )
         try:
             results = []
-            for prefetch in (False, True):
+            for prefetch in {"both": (False, True), "pause": (False,), "prefetch": (True,)}[args.fetch]:
                 results.append(
                     await _one_mode(
                         args, prefetch=prefetch, upstream_url=f"http://127.0.0.1:{port}", log_dir=log_dir
@@ -331,22 +333,24 @@ async def main(args: argparse.Namespace) -> None:
         f"window {args.groups} groups x {args.rollouts} rollouts x {args.calls} calls of "
         f"{args.prompt_tokens} + {args.response_tokens} tokens; "
         f"trainBatchSize {train_batch}; {args.steps} steps; "
-        f"stand-in update: sleep {args.update_seconds}s; agent calls through the gateway's proxy"
+        f"stand-in update: sleep {args.update_seconds}s; agent calls through the gateway's proxy; "
+        f"capture {args.capture or 'the default'}"
     )
     print(
         table(
-            ["mode", "gateway peak", "pause->update median", "max", "events MB/step", "requests paused",
-             "per-rollout paused", "trainer CPU s/step", "rows", "wall s"],
+            ["mode", "gateway peak", "pause->update median", "max", "pause call median", "events MB/step",
+             "requests paused", "per-rollout paused", "trainer CPU s/step", "rows", "wall s"],
             [
                 [r["mode"], f"{r['gateway_peak_bytes'] / 1024**2:.0f} MiB", f"{r['pause_median']:.3f}s",
-                 f"{r['pause_max']:.3f}s", f"{r['bytes_per_step'] / 1e6:.1f}", r["requests_while_paused"],
+                 f"{r['pause_max']:.3f}s", f"{r['pause_call_median']:.3f}s",
+                 f"{r['bytes_per_step'] / 1e6:.1f}", r["requests_while_paused"],
                  r["single_requests_while_paused"], f"{r['cpu_per_step']:.2f}", r["rows"],
                  f"{r['seconds']:.0f}"]
                 for r in results
             ],
         )
     )  # fmt: skip
-    after = results[1]
+    after = results[-1]  # the targets are the prefetching path's
     print(
         verdict(
             "pause to update start <= 1 s",
@@ -383,6 +387,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="updates per mode (the first is not measured)")
     parser.add_argument("--update-seconds", type=float, default=2.0, help="cost of the stand-in update")
     parser.add_argument("--agent-concurrency", type=int, default=64, help="rollouts the agents run at once")
+    parser.add_argument(
+        "--fetch",
+        choices=["both", "pause", "prefetch"],
+        default="both",
+        help="pause: fetch every consumed rollout's events at the pause (the old path); prefetch: rows "
+        "prepared as groups complete; both (default): one after the other, each on a fresh gateway",
+    )
+    parser.add_argument(
+        "--capture",
+        choices=["compact", "full"],
+        default=None,
+        help="the gateway's --capture (default: not passed, so a gateway without the flag can be measured)",
+    )
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--agents", help=argparse.SUPPRESS)
     return parser.parse_args(argv)

@@ -143,6 +143,9 @@ def test_documented_defaults() -> None:
             "retryAfterSeconds": 5,
             "samplingParams": "Enforce",
             "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+            "capture": "Compact",
+            "maxCaptureBytes": 1024**3,
+            "maxCaptureBytesPerRollout": 64 * 1024**2,
         },
         "agents": {
             "template": {"inline": "kind: Job"},

@@ -76,6 +76,14 @@ def gateway(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
 
 
 @pytest.fixture
+def full_capture_gateway(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """A gateway with `--capture=full`: the events document shows each call's request and response JSON."""
+    running = launch_gateway([upstream_url], tmp_path, "--capture=full")
+    yield running
+    running.process.stop()
+
+
+@pytest.fixture
 def reject_gateway(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
     """A gateway in Reject mode: Agent Lightning's 429 contract while paused."""
     running = launch_gateway([upstream_url], tmp_path, "--pause-mode", "reject")

@@ -8,18 +8,19 @@ from typing import Any
 
 import pytest
 
-from asyncrl.gateway.capture import events_document
+from asyncrl.capturing import CaptureMode
+from asyncrl.gateway.capture import capture_call, events_document
 from asyncrl.gateway.door import Refused, RouteAccess, find_json_problem, parse_json, route_access
+from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import RolloutCreate
 from asyncrl.gateway.store import (
-    CapturedCall,
     EventRejected,
     RolloutFinished,
     RolloutStore,
     UnknownAttempt,
 )
 from asyncrl.rollouts import RolloutState
-from asyncrl.trainer.adapter import RolloutEvents
+from asyncrl.trainer.adapter import AdapterConfig, adapt_rollout
 
 
 def nested(depth: int) -> Any:
@@ -131,19 +132,24 @@ def test_event_data_per_rollout_is_bounded_in_bytes() -> None:
     assert len(store.get("r1").events) == 2
 
 
-def test_the_events_document_stays_readable_whatever_was_stored() -> None:
+@pytest.mark.parametrize("mode", list(CaptureMode))
+def test_the_events_document_stays_readable_whatever_was_stored(mode: CaptureMode) -> None:
     store = _store_with_rollout()
     _run(store)
     # Stored without the door's checks: what a bug or an older gateway could have let in.
     store.get("r1").events.append({"attempt_id": "a1", "event_type": "note", "data": nested(5000), "at": 1.0})
     store.get("r1").events.append({"attempt_id": "a1", "event_type": "note", "data": float("nan"), "at": 2.0})
     store.record_event("r1", "a1", "reward", {"value": 1.0}, size=14)
-    odd_response = {"choices": [{"token_ids": [1], "logprobs": {"content": [{"no": "logprob"}]}}]}
+    odd_response = {
+        "prompt_token_ids": [5],
+        "choices": [{"token_ids": [1], "logprobs": {"content": [{"no": "logprob"}]}}],
+    }
     store.record_call(
         "r1",
-        CapturedCall(
+        capture_call(
+            mode=mode,
             attempt_id="a1",
-            path="chat/completions",
+            endpoint="chat/completions",
             status=200,
             latency_seconds=0.1,
             model_version=0,
@@ -152,10 +158,15 @@ def test_the_events_document_stays_readable_whatever_was_stored() -> None:
             started_at=1.0,
         ),
     )
+    store.get("r1").state = RolloutState.SUCCEEDED
     document = json.loads(events_document(store.get("r1")), parse_constant=pytest.fail)
     assert [event.get("unreadable") is not None for event in document["events"]] == [True, True, False]
     assert document["events"][2]["data"] == {"value": 1.0}
-    assert "unreadable" in document["model_calls"][0]
-    parsed = RolloutEvents.model_validate(document)  # what the trainer's adapter reads
+    assert document["model_calls"][0]["unreadable"]
+    assert document["model_calls"][0]["request"] is None
+    parsed = EventsDocument.model_validate(document)  # what the trainer's adapter reads
     assert parsed.rollout.reward == 1.0
-    assert parsed.model_calls[0].response_token_ids is None
+    assert parsed.model_calls[0].response_token_ids == (1,)
+    assert parsed.model_calls[0].response_logprobs is None  # the adapter drops it: no log-probs
+    result = adapt_rollout(parsed, group_id="g1", config=AdapterConfig())
+    assert (result.counts.dropped_calls_without_logprobs, result.rows) == (1, ())

@@ -8,10 +8,12 @@ which ids it does not hold or left out, and answer only the gateway key.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 
 from asyncrl.gateway.client import EventsBatch, GatewayClient
+from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import MAX_EVENTS_BATCH_ROLLOUTS
 from tests.gateway.conftest import RunningGateway, create_rollouts
 
@@ -39,13 +41,16 @@ def test_a_batch_holds_each_rollouts_own_document_and_names_the_ids_it_lacks(gat
         answer = admin.post("/api/rollouts/events", json={"rollout_ids": ["b3", "nope", "b1", "b2", "b1"]})
         assert answer.status_code == 200, answer.text
         batch = EventsBatch.parse(answer.content)
-        single = {rid: admin.get(f"/api/rollouts/{rid}/events").json() for rid in ("b1", "b2", "b3")}
+        single = {
+            rid: EventsDocument.model_validate_json(admin.get(f"/api/rollouts/{rid}/events").content)
+            for rid in ("b1", "b2", "b3")
+        }
         stats = admin.get("/api/stats").json()
 
-    assert [document["rollout"]["rollout_id"] for document in batch.documents] == ["b3", "b1", "b2"]
+    assert [document.rollout.rollout_id for document in batch.documents] == ["b3", "b1", "b2"]
     for document in batch.documents:  # the same document as the per-rollout route, duplicates sent once
-        assert document == single[document["rollout"]["rollout_id"]]
-    assert [len(document["model_calls"]) for document in batch.documents] == [1, 2, 0]
+        assert document == single[document.rollout.rollout_id]
+    assert [len(document.model_calls) for document in batch.documents] == [1, 2, 0]
     assert batch.missing == ["nope"]
     assert batch.omitted == []
     assert batch.instance_id == stats["instance_id"]
@@ -67,9 +72,9 @@ def test_the_byte_bound_leaves_out_documents_that_do_not_fit_and_always_sends_th
         bounded = admin.post("/api/rollouts/events", json={"rollout_ids": ids, "max_bytes": two})
         batch = EventsBatch.parse(bounded.content)
 
-    assert [document["rollout"]["rollout_id"] for document in tiny.documents] == ["big0"]
+    assert [document.rollout.rollout_id for document in tiny.documents] == ["big0"]
     assert tiny.omitted == ids[1:]
-    assert [document["rollout"]["rollout_id"] for document in batch.documents] == ["big0", "big1"]
+    assert [document.rollout.rollout_id for document in batch.documents] == ["big0", "big1"]
     assert batch.omitted == ["big2", "big3"]
     assert batch.size_bytes < two + 200  # the documents plus the envelope
 
@@ -89,7 +94,7 @@ def test_the_client_reads_every_document_across_omissions(gateway: RunningGatewa
             while wanted:
                 batch = await client.rollout_events_batch(wanted, max_bytes=1)
                 requests += 1
-                seen += [document["rollout"]["rollout_id"] for document in batch.documents]
+                seen += [document.rollout.rollout_id for document in batch.documents]
                 wanted = batch.omitted
         return seen, requests
 
@@ -131,3 +136,24 @@ def test_only_the_gateway_key_may_read_a_batch_and_bad_requests_name_the_field(
         assert [problem["field"] for problem in answer.json()["fields"]] == [field]
     assert still_fine.status_code == 200
     assert len(EventsBatch.parse(still_fine.content).documents) == 1
+
+
+def test_a_malformed_document_costs_only_its_own_rollout() -> None:
+    """The batch is validated in one pass; one document that does not validate is named, the rest kept."""
+    good = {
+        "rollout": {
+            "rollout_id": "ok", "group_id": "g1", "step": 0, "input": None, "mode": "train",
+            "state": "succeeded", "attempt_id": "a1", "timeout_seconds": None, "created_at": 0.0,
+            "started_at": 1.0, "finished_at": 2.0, "reward": 1.0, "message": None, "n_model_calls": 1,
+        },
+        "model_calls": [{"status": 200, "started_at": 1.0, "prompt_token_ids": [1], "response_token_ids": [2],
+                         "response_logprobs": [-0.5]}],
+    }  # fmt: skip
+    bad = {**good, "rollout": {**good["rollout"], "rollout_id": "bad"}, "model_calls": [{"status": "two"}]}
+    body = json.dumps({"instance_id": "i1", "missing": ["gone"], "omitted": [], "documents": [good, bad]})
+    batch = EventsBatch.parse(body.encode())
+    assert [document.rollout.rollout_id for document in batch.documents] == ["ok"]
+    assert batch.documents[0].model_calls[0].response_logprobs == (-0.5,)
+    assert list(batch.malformed) == ["bad"]
+    assert "model_calls" in batch.malformed["bad"]
+    assert (batch.instance_id, batch.missing) == ("i1", ["gone"])

@@ -13,7 +13,10 @@ from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gatew
 CHAT = {"model": "whatever-the-agent-says", "messages": [{"role": "user", "content": "two words"}]}
 
 
-def test_chat_call_is_forwarded_with_our_model_and_captured_with_token_ids(gateway: RunningGateway) -> None:
+def test_chat_call_is_forwarded_with_our_model_and_captured_with_token_ids(
+    full_capture_gateway: RunningGateway,
+) -> None:
+    gateway = full_capture_gateway  # the request JSON is shown in Full capture
     with gateway.management() as admin, gateway.agent("r1") as agent:
         create_rollouts(admin, "r1")
         admin.post("/proxy/resume", json={"model_version": 7})

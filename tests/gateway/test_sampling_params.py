@@ -46,7 +46,10 @@ def launch(upstream_url: str, tmp_path: Path) -> Iterator[Launcher]:
     started: list[RunningGateway] = []
 
     def start(policy: str) -> RunningGateway:
-        running = launch_gateway([upstream_url], tmp_path, f"--sampling-params={policy}", *RUN_FLAGS)
+        # Full capture: the tests read the forwarded request in the events document.
+        running = launch_gateway(
+            [upstream_url], tmp_path, f"--sampling-params={policy}", "--capture=full", *RUN_FLAGS
+        )
         started.append(running)
         return running
 

@@ -25,6 +25,12 @@ MESSAGES = [{"role": "user", "content": "three little words"}]
 ANSWER = "alpha beta gamma delta"
 
 
+@pytest.fixture
+def gateway(full_capture_gateway: RunningGateway) -> RunningGateway:
+    """These tests compare the captured response JSON with the streamed answer: Full capture keeps it."""
+    return full_capture_gateway
+
+
 def wait_for(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + DEADLINE_SECONDS
     while not condition():

@@ -10,15 +10,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.gateway.capture import parse_call
-from asyncrl.gateway.models import RolloutView
-from asyncrl.gateway.store import CapturedCall
+from asyncrl.capturing import CaptureMode
+from asyncrl.gateway.capture import capture_call, events_document
+from asyncrl.gateway.events_wire import EventsDocument
+from asyncrl.gateway.models import RolloutCreate
+from asyncrl.gateway.store import RolloutStore
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import (
     AdapterConfig,
     AdapterCounts,
     AdapterResult,
-    RolloutEvents,
     SampleLevel,
     adapt_rollout,
     group_rewards,
@@ -39,7 +40,7 @@ def call(
     version: int | None = 1,
     attempt_id: str = "a1",
 ) -> dict[str, Any]:
-    """One model call shaped like `parse_call`'s output; log-probs default to -0.5 per response token."""
+    """One model call as an events document's `CallRecord`; log-probs default to -0.5 per response token."""
     if logprobs is ...:
         logprobs = None if response is None else [-0.5] * len(response)
     return {
@@ -400,8 +401,9 @@ def test_config_rejects_a_non_finite_reward_and_unknown_fields() -> None:
         AdapterConfig.model_validate({"levle": "transition"})
 
 
-def test_document_written_by_the_gateway_route_is_adapted() -> None:
-    """The real producers: `parse_call` on a captured vLLM-style response, and the rollout view's JSON."""
+@pytest.mark.parametrize("mode", list(CaptureMode))
+def test_document_written_by_the_gateway_route_is_adapted(mode: CaptureMode) -> None:
+    """The real producers: `capture_call` on a vLLM-style response, `events_document` from the store."""
     response = {
         "prompt_token_ids": [11, 12],
         "choices": [
@@ -411,39 +413,34 @@ def test_document_written_by_the_gateway_route_is_adapted() -> None:
             }
         ],
     }
-    captured = CapturedCall(
-        attempt_id="a1",
-        path="chat/completions",
-        status=200,
-        latency_seconds=0.2,
-        model_version=3,
-        request_body=b'{"messages": []}',
-        response_body=json.dumps(response).encode(),
-        started_at=10.0,
+    store = RolloutStore()
+    store.create([RolloutCreate(rollout_id="r1", group_id="g1", step=0)])
+    rollout = store.get("r1")
+    rollout.state, rollout.attempt_id = RolloutState.RUNNING, "a1"
+    store.record_event("r1", "a1", "reward", {"value": 0.5}, size=14)
+    store.record_call(
+        "r1",
+        capture_call(
+            mode=mode,
+            attempt_id="a1",
+            endpoint="chat/completions",
+            status=200,
+            latency_seconds=0.2,
+            model_version=3,
+            request_body=b'{"messages": []}',
+            response_body=json.dumps(response).encode(),
+            started_at=10.0,
+        ),
     )
-    view = RolloutView(
-        rollout_id="r1",
-        group_id="g1",
-        step=0,
-        input=None,
-        mode="train",
-        state=RolloutState.SUCCEEDED,
-        attempt_id="a1",
-        timeout_seconds=None,
-        created_at=0.0,
-        started_at=1.0,
-        finished_at=2.0,
-        reward=0.5,
-        message=None,
-        n_model_calls=1,
-    )
-    doc = {"rollout": view.model_dump(mode="json"), "model_calls": [parse_call(captured)], "events": []}
-    result = adapt(json.loads(json.dumps(doc)))
+    rollout.state = RolloutState.SUCCEEDED
+    doc = json.loads(events_document(rollout))
+    result = adapt(doc)
     (row,) = result.rows
     assert (row.prompt_token_ids, row.response_token_ids) == ((11, 12), (13, 14))
     assert row.rollout_log_probs == (-0.25, -0.5)
     assert (row.reward, row.model_version, row.rollout_id, row.group_id) == (0.5, 3, "r1", "g1")
-    assert adapt_rollout(RolloutEvents.model_validate(doc), group_id="g1", config=TRAJECTORY) == result
+    assert adapt_rollout(EventsDocument.model_validate(doc), group_id="g1", config=TRAJECTORY) == result
+    assert (doc["model_calls"][0]["response"] is not None) is (mode is CaptureMode.FULL)
 
 
 # -- counts -----------------------------------------------------------------------------------------------

@@ -83,7 +83,22 @@ def document(
     calls: list[dict[str, Any]], *, state: str = "succeeded", reward: float | None = 1.0
 ) -> dict[str, Any]:
     return {
-        "rollout": {"rollout_id": "r1", "group_id": "g1", "state": state, "reward": reward},
+        "rollout": {
+            "rollout_id": "r1",
+            "group_id": "g1",
+            "step": 0,
+            "input": None,
+            "mode": "train",
+            "state": state,
+            "attempt_id": None,
+            "timeout_seconds": None,
+            "created_at": 0.0,
+            "started_at": 1.0,
+            "finished_at": 2.0,
+            "reward": reward,
+            "message": None,
+            "n_model_calls": len(calls),
+        },
         "model_calls": calls,
     }
 

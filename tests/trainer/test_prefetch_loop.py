@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from asyncrl.gateway.client import EventsBatch, GatewayClient
+from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.testing.controlplane import free_port
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.loop import StepLoop
@@ -63,7 +64,7 @@ class CountingClient(GatewayClient):
         self.paused = False
         return await super().resume(model_version=model_version)
 
-    async def rollout_events(self, rollout_id: str) -> dict[str, Any]:
+    async def rollout_events(self, rollout_id: str) -> EventsDocument:
         self.single_reads[self._when()] += 1
         return await super().rollout_events(rollout_id)
 

@@ -65,8 +65,11 @@ def build_gateway(config: GatewayConfig) -> Gateway:
         max_events_per_rollout=config.max_events_per_rollout,
         max_feed_entries=config.max_completion_feed_entries,
         max_event_bytes=config.max_event_bytes,
+        max_capture_bytes_per_rollout=config.max_capture_bytes_per_rollout,
+        max_capture_bytes=config.max_capture_bytes,
     )
     metrics = GatewayMetrics()
+    metrics.watch_capture(lambda: store.capture_bytes)
     proxy = ProxyHandler(config=config, pause=pause, store=store, metrics=metrics)
     api = build_api(config=config, pause=pause, store=store, metrics=metrics, proxy=proxy)
     return Gateway(config=config, pause=pause, store=store, metrics=metrics, proxy=proxy, api=api)

@@ -8,13 +8,13 @@ accordingly, so nobody polls in a loop.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from asyncrl.gateway.events_wire import EventsDocument, parse_events_batch
 from asyncrl.gateway.models import (
     ClaimRequest,
     CompletionPage,
@@ -53,22 +53,22 @@ class EventsBatch:
     """The answer of `POST /api/rollouts/events`: events documents of many rollouts from one gateway."""
 
     instance_id: str  # the gateway instance that holds these rollouts (a restarted one holds none of ours)
-    documents: list[dict[str, Any]]  # one per rollout found, each as `GET /api/rollouts/{id}/events` gives it
+    documents: list[EventsDocument]  # one per rollout found and readable
     missing: list[str]  # ids the gateway does not hold
     omitted: list[str]  # ids left out because the answer reached its byte bound: ask again
     size_bytes: int  # bytes of the answer's body
+    malformed: dict[str, str] = field(default_factory=dict)  # ids whose document did not validate: why
 
     @classmethod
     def parse(cls, body: bytes) -> EventsBatch:
-        answer = json.loads(body)
-        if not isinstance(answer, dict) or not isinstance(answer.get("documents"), list):
-            raise ValueError("the gateway's events batch is not a JSON object with a documents list")
+        answer, malformed = parse_events_batch(body)
         return cls(
-            instance_id=str(answer["instance_id"]),
-            documents=answer["documents"],
-            missing=[str(rollout_id) for rollout_id in answer.get("missing", [])],
-            omitted=[str(rollout_id) for rollout_id in answer.get("omitted", [])],
+            instance_id=answer.instance_id,
+            documents=list(answer.documents),
+            missing=list(answer.missing),
+            omitted=list(answer.omitted),
             size_bytes=len(body),
+            malformed=malformed,
         )
 
 
@@ -234,10 +234,10 @@ class GatewayClient:
         )
         return int(response.json()["deleted"])
 
-    async def rollout_events(self, rollout_id: str) -> dict[str, Any]:
+    async def rollout_events(self, rollout_id: str) -> EventsDocument:
         """The rollout, its captured model calls (token ids, log-probs) and its agent events."""
-        result: dict[str, Any] = (await self._request("GET", f"/api/rollouts/{rollout_id}/events")).json()
-        return result
+        response = await self._request("GET", f"/api/rollouts/{rollout_id}/events")
+        return await asyncio.to_thread(EventsDocument.model_validate_json, response.content)
 
     async def rollout_events_batch(
         self, rollout_ids: Iterable[str], *, max_bytes: int | None = None

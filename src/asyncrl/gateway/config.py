@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
 
+from asyncrl.capturing import CaptureMode
 from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
 from asyncrl.pausing import PauseMode
 
@@ -17,6 +18,11 @@ DEFAULT_MAX_JSON_DEPTH = 64
 # Python's JSON parser and encoders recurse per level and fail near 1000; stay well below.
 MAX_JSON_DEPTH_CEILING = 256
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
+# Compact capture keeps about 4 bytes per prompt token and 12 per generated token; 64 MiB is a 50-turn
+# agent resending a 16k-token context each turn with room to spare, 1 GiB a window of 1,024 rollouts of 20
+# calls of 2,000 + 500 tokens about 3.5 times over (docs/tuning-the-window.md sizes the gateway's memory).
+DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT = 64 * 1024 * 1024
+DEFAULT_MAX_CAPTURE_BYTES = 1024 * 1024 * 1024
 DEFAULT_HOLD_TIMEOUT_SECONDS = 900.0
 DEFAULT_MAX_HELD_CALLS = 10_000
 MIN_RETRY_AFTER_SECONDS = 0.001  # Retry-After and retry-after-ms are sent with millisecond precision
@@ -96,6 +102,22 @@ class GatewayConfig(BaseModel):
     max_completion_feed_entries: int = Field(default=100_000, ge=100, description="Retained feed length.")
     capture_token_ids: bool = Field(
         default=True, description="Ask the upstream for token ids and log-probs on train-mode calls."
+    )
+    capture: CaptureMode = Field(
+        default=CaptureMode.COMPACT,
+        description="Compact: keep token ids and log-probs as arrays, drop the request and response JSON. "
+        "Full: keep both JSON bodies too (debugging; several times the memory).",
+    )
+    max_capture_bytes_per_rollout: int = Field(
+        default=DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT,
+        ge=4096,
+        description="Captured model calls one rollout may hold; its calls past it get 413.",
+    )
+    max_capture_bytes: int = Field(
+        default=DEFAULT_MAX_CAPTURE_BYTES,
+        ge=4096,
+        description="Captured model calls the whole store may hold; calls past it get 507 until the trainer "
+        "consumes rollouts.",
     )
 
     sampling_params: SamplingParamsPolicy = Field(

@@ -98,11 +98,27 @@ class GatewayMetrics:
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
+        self.capture_limit_hits = Counter(
+            "asyncrl_gateway_capture_limit_hits",
+            "Model calls that met a capture limit (limit: rollout or store): refused before forwarding "
+            "(outcome refused: 413 or 507), or answered but kept without their tokens because the limit was "
+            "reached while they were in flight (outcome not_captured).",
+            ["limit", "outcome"],
+            registry=self.registry,
+        )
+        self.capture_bytes = Gauge(
+            "asyncrl_gateway_capture_bytes",
+            "Bytes the store's captured model calls hold now (what --max-capture-bytes bounds).",
+            registry=self.registry,
+        )
         self.drain_seconds = Gauge(
             "asyncrl_gateway_last_drain_seconds",
             "Duration of the last pause's drain.",
             registry=self.registry,
         )
+
+    def watch_capture(self, capture_bytes: Callable[[], float]) -> None:
+        self.capture_bytes.set_function(capture_bytes)
 
     def watch_rollouts(self, counts: Callable[[], dict[RolloutState, int]]) -> None:
         self.registry.register(_RolloutStateCollector(counts))

@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from asyncrl.gateway.capture import request_overrides
+from asyncrl.gateway.capture import capture_call, request_overrides
 from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.door import Refused, RouteAccess, authorize, parse_json, read_body
 from asyncrl.gateway.hold import HeldCalls, HoldRefused
@@ -33,7 +33,7 @@ from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState, header_seconds
 from asyncrl.gateway.relay import Answered, StreamOutcome, open_stream, pump
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
-from asyncrl.gateway.store import CapturedCall, RolloutStore, UnknownAttempt, check_attempt
+from asyncrl.gateway.store import CapturedCall, CaptureFull, RolloutStore, UnknownAttempt, check_attempt
 from asyncrl.gateway.streaming import StreamAssembly, include_usage
 from asyncrl.pausing import PauseMode
 
@@ -225,11 +225,12 @@ class ProxyHandler:
                 answer = await self._forward_unless_aborted(endpoint, request_bytes)
                 if answer is not None:
                     status, content_type, response = answer
-                    self.store.record_call(
+                    self._record(
                         rollout_id,
-                        CapturedCall(
+                        capture_call(
+                            mode=self.config.capture,
                             attempt_id=attempt_id,
-                            path=endpoint,
+                            endpoint=endpoint,
                             status=status,
                             latency_seconds=time.time() - call_started,
                             model_version=model_version,
@@ -349,11 +350,12 @@ class ProxyHandler:
         *,
         aborted: bool = False,
     ) -> None:
-        self.store.record_call(
+        self._record(
             call.rollout_id,
-            CapturedCall(
+            capture_call(
+                mode=self.config.capture,
                 attempt_id=call.attempt_id,
-                path=call.endpoint,
+                endpoint=call.endpoint,
                 status=status,
                 latency_seconds=time.time() - started_at,
                 model_version=model_version,
@@ -364,6 +366,12 @@ class ProxyHandler:
                 aborted=aborted,
             ),
         )
+
+    def _record(self, rollout_id: str, call: CapturedCall) -> None:
+        limit = self.store.record_call(rollout_id, call)
+        if limit is not None:  # kept without its tokens: the call was in flight when the limit was reached
+            self.metrics.capture_limit_hits.labels(limit, "not_captured").inc()
+            logger.warning("a model call of rollout %s was not captured: %s limit reached", rollout_id, limit)
 
     def _check_rollout(self, rollout_id: str, attempt_id: str) -> None:
         """The rollout exists, has not ended, and `attempt_id` is its attempt; else the refusal."""
@@ -384,6 +392,20 @@ class ProxyHandler:
             raise Refused(
                 404, str(error), rejection_reason="unknown_attempt", rollout_id=rollout_id
             ) from error
+        try:
+            self.store.check_capture_room(rollout_id)
+        except CaptureFull as full:
+            self.metrics.capture_limit_hits.labels(full.limit, "refused").inc()
+            seconds = self.config.retry_after_seconds
+            retry = {"retry-after": header_seconds(seconds)} if full.limit == "store" else None
+            raise Refused(
+                full.status,
+                str(full),
+                rejection_reason=f"capture_{full.limit}_full",
+                headers=retry,
+                limit=full.limit,
+                rollout_id=rollout_id,
+            ) from full
 
     def release_held(self) -> int:
         """Forward the held calls, in arrival order, if the gateway is open (resumed, an upstream known)."""

@@ -8,10 +8,13 @@ import logging
 import os
 from pathlib import Path
 
+from asyncrl.capturing import CaptureMode
 from asyncrl.gateway.app import build_gateway
 from asyncrl.gateway.config import (
     DEFAULT_HOLD_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CAPTURE_BYTES,
+    DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT,
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_HELD_CALLS,
     DEFAULT_MAX_JSON_DEPTH,
@@ -102,6 +105,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="event data (JSON bytes) one rollout may store in all; more gets 413 "
         f"(default {DEFAULT_MAX_EVENT_BYTES})",
     )
+    capture = parser.add_argument_group(
+        "capture (what the store keeps of each model call; see docs/tuning-the-window.md)",
+        "A call past a limit is refused before it is forwarded (413 for its rollout, 507 for the store).",
+    )
+    capture.add_argument(
+        "--capture",
+        choices=["compact", "full"],
+        default="compact",
+        help="compact: token ids and log-probs as arrays, the request and response JSON dropped; full: both "
+        "JSON bodies kept too, shown in the events document (debugging; several times the memory) "
+        "(default compact)",
+    )
+    capture.add_argument(
+        "--max-capture-bytes-per-rollout",
+        type=int,
+        default=DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT,
+        metavar="N",
+        help=f"captured bytes one rollout may hold (default {DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT})",
+    )
+    capture.add_argument(
+        "--max-capture-bytes",
+        type=int,
+        default=DEFAULT_MAX_CAPTURE_BYTES,
+        metavar="N",
+        help=f"captured bytes the whole store may hold (default {DEFAULT_MAX_CAPTURE_BYTES})",
+    )
     parser.add_argument(
         "--sampling-params",
         choices=[policy.value for policy in SamplingParamsPolicy],
@@ -153,6 +182,9 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             max_json_depth=args.max_json_depth,
             max_event_bytes=args.max_event_bytes,
+            capture=CaptureMode.from_flag(args.capture),
+            max_capture_bytes_per_rollout=args.max_capture_bytes_per_rollout,
+            max_capture_bytes=args.max_capture_bytes,
             sampling_params=SamplingParamsPolicy(args.sampling_params),
             rollout_sampling=RolloutSampling(
                 temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k

@@ -5,7 +5,9 @@ trainer long-polls `completions()` for terminal ones (each delivered once per cu
 long-polls `summary_after()` for the trainer's step summary. All methods run on the gateway's event loop.
 Memory is bounded: the trainer deletes consumed rollouts, a rollout keeps at most `max_events_per_rollout`
 model calls and as many agent events, those events hold at most `max_event_bytes` of data, and the
-completion feed keeps the last `max_feed_entries` entries. Agent events are accepted only while their rollout
+completion feed keeps the last `max_feed_entries` entries, and captured model calls hold at most
+`max_capture_bytes_per_rollout` per rollout and `max_capture_bytes` in all (a call past either is refused
+before it is forwarded, see `check_capture_room`). Agent events are accepted only while their rollout
 is queued or running, and only from its attempt, so a finished result never changes.
 
 A rollout is also its own launch record: `launch()` marks it launched (an agent Job is being created for it)
@@ -21,11 +23,13 @@ import contextlib
 import math
 import time
 import uuid
+from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.gateway.config import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT
 from asyncrl.gateway.models import (
     CompletionEntry,
     LaunchTotals,
@@ -73,24 +77,69 @@ class EventRejected(ValueError):
         self.reason = reason
 
 
+class CaptureFull(Exception):
+    """A model call refused because its rollout (HTTP 413) or the whole store (HTTP 507) holds as many
+    captured bytes as its limit allows; `limit` is `rollout` or `store` (the metric's label)."""
+
+    def __init__(self, message: str, *, status: int, limit: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.limit = limit
+
+
 class FeedGap(LookupError):
     """The cursor is older than the retained feed; the caller must resync from the rollout listing (410)."""
 
 
-@dataclass
+# What a stored call costs besides its arrays and bodies: the object, its strings, its dict (measured
+# roughly with sys.getsizeof; it keeps the byte limits honest for calls without tokens).
+CALL_OVERHEAD_BYTES = 512
+
+
+@dataclass(slots=True)
 class CapturedCall:
-    """One proxied model call, kept as raw bytes; parsed only when the trainer asks for it."""
+    """One proxied model call as the store keeps it (see `capture.capture_call`): token ids and log-probs
+    packed in arrays; the request and response JSON only in `Full` capture."""
 
     attempt_id: str
     path: str
     status: int
     latency_seconds: float
     model_version: int | None
-    request_body: bytes
-    response_body: bytes
     started_at: float
+    prompt_token_ids: Sequence[int] | None = None
+    response_token_ids: Sequence[int] | None = None
+    response_logprobs: Sequence[float] | None = None
     agent_sampling: dict[str, Any] | None = None  # the agent's own settings, when the run's replaced them
     aborted: bool = False  # a stream the agent abandoned: kept for inspection, never trained on
+    request_body: bytes | None = None  # Full capture only
+    response_body: bytes | None = None  # Full capture only
+    unreadable: str | None = None  # why part of the call is missing (not captured, or not readable)
+
+    @property
+    def size_bytes(self) -> int:
+        """What the call holds in memory, roughly: what the capture limits count."""
+        size = CALL_OVERHEAD_BYTES + len(self.request_body or b"") + len(self.response_body or b"")
+        for values in (self.prompt_token_ids, self.response_token_ids, self.response_logprobs):
+            if isinstance(values, array):
+                size += values.itemsize * len(values)
+            elif values is not None:
+                size += 36 * len(values)  # a tuple of Python ints (ids past 2**63)
+        return size
+
+    def without_tokens(self, reason: str) -> CapturedCall:
+        """The call's metadata only, saying why its tokens are not kept."""
+        return CapturedCall(
+            attempt_id=self.attempt_id,
+            path=self.path,
+            status=self.status,
+            latency_seconds=self.latency_seconds,
+            model_version=self.model_version,
+            started_at=self.started_at,
+            agent_sampling=self.agent_sampling,
+            aborted=self.aborted,
+            unreadable=reason,
+        )
 
 
 @dataclass
@@ -115,6 +164,8 @@ class Rollout:
     calls: deque[CapturedCall] = field(default_factory=deque)
     events: list[dict[str, Any]] = field(default_factory=list)
     event_bytes: int = 0
+    capture_bytes: int = 0  # what `calls` hold (`CapturedCall.size_bytes` summed)
+    capture_full: bool = False  # a call passed the per-rollout capture limit: later calls are refused
     timeout_handle: asyncio.TimerHandle | None = None
 
     @property
@@ -180,9 +231,15 @@ class RolloutStore:
         max_events_per_rollout: int = 512,
         max_feed_entries: int = 100_000,
         max_event_bytes: int = 1024 * 1024,
+        max_capture_bytes_per_rollout: int = DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT,
+        max_capture_bytes: int = DEFAULT_MAX_CAPTURE_BYTES,
     ) -> None:
         self.max_events_per_rollout = max_events_per_rollout
         self.max_event_bytes = max_event_bytes
+        self.max_capture_bytes_per_rollout = max_capture_bytes_per_rollout
+        self.max_capture_bytes = max_capture_bytes
+        self.capture_bytes = 0  # what every rollout's calls hold (`CapturedCall.size_bytes` summed)
+        self._capture_full = False  # a call found the store full; cleared when the trainer frees space
         # Identifies this store's lifetime: a client that sees it change knows the gateway restarted and
         # everything it held (rollouts, feed cursor, upstreams) is gone.
         self.instance_id = uuid.uuid4().hex
@@ -260,6 +317,7 @@ class RolloutStore:
         for rollout_id in rollout_ids:
             rollout = self._rollouts.pop(rollout_id, None)
             if rollout is not None:
+                self._free_capture(rollout.capture_bytes)
                 if rollout.timeout_handle is not None:
                     rollout.timeout_handle.cancel()
                 deleted += 1
@@ -411,13 +469,65 @@ class RolloutStore:
 
     # -- events -------------------------------------------------------------------------------------------
 
-    def record_call(self, rollout_id: str, call: CapturedCall) -> None:
+    def check_capture_room(self, rollout_id: str) -> None:
+        """Before a call is forwarded: `CaptureFull` when its rollout or the store is at its capture limit,
+        so no upstream work is spent on a call whose tokens could not be kept."""
         rollout = self._rollouts.get(rollout_id)
         if rollout is None:
-            return  # deleted while the call was in flight
+            return
+        if rollout.capture_full or rollout.capture_bytes >= self.max_capture_bytes_per_rollout:
+            raise CaptureFull(self._rollout_full_message(rollout), status=413, limit="rollout")
+        if self._capture_full or self.capture_bytes >= self.max_capture_bytes:
+            raise CaptureFull(self._store_full_message(), status=507, limit="store")
+
+    def record_call(self, rollout_id: str, call: CapturedCall) -> str | None:
+        """Store a call; returns the limit (`rollout`, `store`) it would have passed, or None.
+
+        A call that would pass a limit (it was admitted just below it, or several were in flight at once) is
+        kept without its tokens, saying why: token data never passes the limits, only such calls' metadata
+        (`CALL_OVERHEAD_BYTES` each) may. Its rollout, or the store until the trainer frees space, then
+        refuses further calls (`check_capture_room`).
+        """
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            return None  # deleted while the call was in flight
+        size = call.size_bytes
+        limit = None
+        if rollout.capture_bytes + size > self.max_capture_bytes_per_rollout:
+            limit, rollout.capture_full = "rollout", True
+            call = call.without_tokens(f"not captured: {self._rollout_full_message(rollout)}")
+        elif self.capture_bytes + size > self.max_capture_bytes:
+            limit, self._capture_full = "store", True
+            call = call.without_tokens(f"not captured: {self._store_full_message()}")
+        size = call.size_bytes
         rollout.calls.append(call)
+        rollout.capture_bytes += size
+        self.capture_bytes += size
         while len(rollout.calls) > self.max_events_per_rollout:
-            rollout.calls.popleft()
+            dropped = rollout.calls.popleft().size_bytes
+            rollout.capture_bytes -= dropped
+            self._free_capture(dropped)
+        return limit
+
+    def _free_capture(self, size: int) -> None:
+        self.capture_bytes -= size
+        if size > 0:
+            self._capture_full = False
+
+    def _rollout_full_message(self, rollout: Rollout) -> str:
+        return (
+            f"rollout {rollout.rollout_id!r} holds {rollout.capture_bytes} bytes of captured model calls; "
+            f"its limit is {self.max_capture_bytes_per_rollout} (--max-capture-bytes-per-rollout, "
+            "spec.gateway.maxCaptureBytesPerRollout): raise it, or make the rollout's calls fewer or shorter"
+        )
+
+    def _store_full_message(self) -> str:
+        return (
+            f"the gateway's store holds {self.capture_bytes} bytes of captured model calls; its limit is "
+            f"{self.max_capture_bytes} (--max-capture-bytes, spec.gateway.maxCaptureBytes): raise it with "
+            "the gateway's memory, or shrink the window (spec.async.windowSize); space is freed as the "
+            "trainer consumes rollouts"
+        )
 
     def record_event(
         self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], *, size: int

@@ -250,6 +250,7 @@ async def run_locally(args: argparse.Namespace) -> int:
             f"--port={gateway_port}",
             f"--model={run.spec.model.name}",
             *run.spec.gateway.pause_flags(),
+            *run.spec.gateway.capture_flags(),
             *sampling_args(run.spec.gateway.sampling_params, run.spec.trainer.rollout_sampling()),
             "--log-level=warning",
         ],

@@ -169,6 +169,7 @@ def trainer_job_with_template(
             f"--model={spec.model.name}",
             f"--key-file={KEY_DIR}/{secret_key}",
             *spec.gateway.pause_flags(),
+            *spec.gateway.capture_flags(),
             *sampling_args(spec.gateway.sampling_params, spec.trainer.rollout_sampling()),
         ],
         "ports": [{"name": "gateway", "containerPort": port}],

@@ -3,8 +3,9 @@
 Every training backend trains on `TrainingRow`s, and what goes into them decides what the optimizer learns:
 which tokens carry loss, which log-probs importance sampling divides by, which reward a failed agent gets.
 Those rules live here once, as plain Python without I/O, so both backends agree and property-based tests can
-pin them. The input is the JSON of `GET /api/rollouts/{rollout_id}/events`; the output is rows plus counts of
-everything that was dropped, truncated or filled in, so nothing is lost silently.
+pin them. The input is the events document (`asyncrl.gateway.events_wire.EventsDocument`, the type the gateway
+writes it with); the output is rows plus counts of everything that was dropped, truncated or filled in, so
+nothing is lost silently.
 
 Rules, in the order they apply:
 
@@ -36,11 +37,12 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrl.api.types.spec import SampleLevel
+from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.rows import TrainingRow
 
@@ -72,46 +74,6 @@ class AdapterConfig(BaseModel):
     def reward_when_missing(self) -> float:
         """The reward a succeeded rollout without a posted reward gets."""
         return self.failed_rollout_reward if self.missing_reward is None else self.missing_reward
-
-
-# -- input: the events document ---------------------------------------------------------------------------
-
-
-class ModelCall(BaseModel):
-    """One captured model call, as `asyncrl.gateway.capture.parse_call` writes it (other keys are ignored)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    attempt_id: str | None = None
-    endpoint: str = ""
-    status: int
-    model_version: int | None = None
-    started_at: float
-    prompt_token_ids: tuple[int, ...] | None = None
-    response_token_ids: tuple[int, ...] | None = None
-    response_logprobs: tuple[float, ...] | None = None
-
-
-class RolloutInfo(BaseModel):
-    """The part of the rollout view the adapter reads."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    rollout_id: str
-    group_id: str | None = None
-    state: RolloutState
-    mode: Literal["train", "val"] = "train"
-    attempt_id: str | None = None
-    reward: float | None = None
-
-
-class RolloutEvents(BaseModel):
-    """The JSON of `GET /api/rollouts/{rollout_id}/events`, typed (`RolloutEvents.model_validate(doc)`)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    rollout: RolloutInfo
-    model_calls: tuple[ModelCall, ...] = ()
 
 
 # -- output: rows and counts --------------------------------------------------------------------------------
@@ -266,15 +228,15 @@ class _UsableCall:
 
 
 def adapt_rollout(
-    events: RolloutEvents | Mapping[str, Any], *, group_id: str, config: AdapterConfig
+    events: EventsDocument | Mapping[str, Any], *, group_id: str, config: AdapterConfig
 ) -> AdapterResult:
     """Training rows of one terminal rollout, from its events document (parsed here if given as a dict).
 
     Raises `ValueError` for a rollout that is not terminal, a validation rollout, or one whose document names
     a different group than `group_id`; `pydantic.ValidationError` for a malformed document.
     """
-    if not isinstance(events, RolloutEvents):
-        events = RolloutEvents.model_validate(events)
+    if not isinstance(events, EventsDocument):
+        events = EventsDocument.model_validate(events)
     rollout = events.rollout
     if rollout.group_id is not None and rollout.group_id != group_id:
         raise ValueError(
@@ -337,7 +299,7 @@ def adapt_rollout(
     )
 
 
-def _usable_calls(events: RolloutEvents, tally: _Tally) -> list[_UsableCall]:
+def _usable_calls(events: EventsDocument, tally: _Tally) -> list[_UsableCall]:
     """The calls that can be trained on, ordered by `started_at` (stable for ties); the others counted."""
     usable: list[_UsableCall] = []
     final_attempt = events.rollout.attempt_id

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from asyncrl.gateway.client import GatewayClient, GatewayError, PauseResult
+from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, RolloutCreate, WindowSummary
 from asyncrl.pausing import DrainPolicy
 from asyncrl.rollouts import RolloutState
@@ -572,7 +573,7 @@ class StepLoop:
             return await self._prefetcher.rows_for(groups)
         semaphore = asyncio.Semaphore(EVENT_FETCH_CONCURRENCY)
 
-        async def fetch(rollout_id: str) -> dict[str, Any]:
+        async def fetch(rollout_id: str) -> EventsDocument:
             async with semaphore:
                 return await self.gateway.rollout_events(rollout_id)
 

@@ -19,11 +19,11 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
 from asyncrl.gateway.client import GatewayClient, GatewayError
+from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
@@ -103,7 +103,7 @@ def invalid_prepared(
 
 
 def adapt_documents(
-    documents: Sequence[Mapping[str, Any]],
+    documents: Sequence[EventsDocument],
     *,
     group_of: Mapping[str, str],
     instance_id: str,
@@ -113,13 +113,12 @@ def adapt_documents(
     prepared: list[PreparedRollout] = []
     errors: dict[str, Exception] = {}
     for document in documents:
-        rollout = document.get("rollout") if isinstance(document, Mapping) else None
-        rollout_id = rollout.get("rollout_id") if isinstance(rollout, Mapping) else None
-        if not isinstance(rollout_id, str) or rollout_id not in group_of:
+        rollout_id = document.rollout.rollout_id
+        if rollout_id not in group_of:
             continue
         try:
             result = adapt_rollout(document, group_id=group_of[rollout_id], config=config)
-        except Exception as error:  # a malformed document: the step that consumes it reports it
+        except Exception as error:  # a document the adapter refuses: the step that consumes it reports it
             errors[rollout_id] = error
             continue
         prepared.append(
@@ -133,6 +132,14 @@ def adapt_documents(
             )
         )
     return prepared, errors
+
+
+def malformed_errors(malformed: Mapping[str, str]) -> dict[str, Exception]:
+    """A batch's documents that did not validate, as the errors the step that consumes them raises."""
+    return {
+        rollout_id: ValueError(f"the events document of rollout {rollout_id} is malformed: {reason}")
+        for rollout_id, reason in malformed.items()
+    }
 
 
 # -- the I/O ------------------------------------------------------------------------------------------------
@@ -285,6 +292,7 @@ class RowPrefetcher:
             self.totals.bytes_fetched += batch.size_bytes
             self.totals.rollouts_prepared_ahead += len(prepared)
             self._failed.update(errors)
+            self._failed.update(batch.malformed)
             self._failed.update(batch.missing)
             for entry in prepared:
                 self._prepared[entry.rollout_id] = entry
@@ -317,6 +325,7 @@ class RowPrefetcher:
                 instance_id=batch.instance_id,
                 config=self.config,
             )
+            errors = malformed_errors(batch.malformed) | errors
             if errors:
                 raise next(iter(errors.values()))
             fetched.update((entry.rollout_id, entry) for entry in prepared)

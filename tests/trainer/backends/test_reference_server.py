@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.gateway.capture import parse_call, request_overrides
-from asyncrl.gateway.store import CapturedCall
+from asyncrl.capturing import CaptureMode
+from asyncrl.gateway.capture import call_record, capture_call, request_overrides
 from asyncrl.trainer.backends.reference import MODEL_VERSION_HEADER, ReferenceBackend
 from asyncrl.trainer.backends.reference.sampling import SamplingParams, behaviour_log_probs
 from tests.trainer.backends.support import Answer, post, serving
@@ -176,10 +176,11 @@ def test_the_gateway_captures_token_ids_and_log_probs_from_its_answers() -> None
         capture=True,
     )
     [(status, _, answer)] = call(backend, (CHAT, forwarded))
-    captured = parse_call(
-        CapturedCall(
+    captured = call_record(
+        capture_call(
+            mode=CaptureMode.COMPACT,
             attempt_id="a1",
-            path="chat/completions",
+            endpoint="chat/completions",
             status=status,
             latency_seconds=0.1,
             model_version=0,
@@ -187,7 +188,7 @@ def test_the_gateway_captures_token_ids_and_log_probs_from_its_answers() -> None
             response_body=json.dumps(answer).encode(),
             started_at=0.0,
         )
-    )
+    ).model_dump(mode="json")
     assert captured["prompt_token_ids"] == answer["prompt_token_ids"]
     assert captured["response_token_ids"] == answer["choices"][0]["token_ids"]
     assert captured["response_logprobs"] == [

@@ -37,6 +37,8 @@ from asyncrl.api.types.rules import (
     immutable_rules,
 )
 from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
+from asyncrl.capturing import CaptureMode
+from asyncrl.gateway.config import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT
 from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
 from asyncrl.pausing import DrainPolicy, PauseMode
 from asyncrl.trainer.window import StalenessPolicy, WindowConfig
@@ -567,7 +569,9 @@ class GatewaySpec(ApiModel):
         default_factory=lambda: ResourceRequirements(requests=dict(DEFAULT_GATEWAY_REQUESTS)),
         description=(
             "Resources of the gateway container (limits, requests), quantities as in a pod spec; set, it "
-            "replaces the default (requests cpu: 500m, memory: 512Mi)."
+            "replaces the default (requests cpu: 500m, memory: 512Mi). The gateway holds the window's "
+            "captured model calls: size its memory from the window (docs/tuning-the-window.md, 'Sizing the "
+            "gateway'), with the limit above maxCaptureBytes."
         ),
         json_schema_extra={"default": {"requests": DEFAULT_GATEWAY_REQUESTS}},
     )
@@ -579,6 +583,34 @@ class GatewaySpec(ApiModel):
             "and "
             "records what the agent asked for, `Reject` answers 400 to calls that ask for other values, "
             "`Allow` forwards them (the importance weights are then biased)."
+        ),
+    )
+    capture: CaptureMode = Field(
+        default=CaptureMode.COMPACT,
+        description=(
+            "What the gateway keeps of each model call. `Compact`: token ids and log-probs as packed arrays "
+            "(about 4 bytes per prompt token, 12 per generated token), the request and response JSON "
+            "dropped once read; training reads nothing else. `Full`: both JSON bodies kept too and shown in "
+            "the events document, for debugging an agent or a model server (several times the memory)."
+        ),
+    )
+    max_capture_bytes: int = Field(
+        strict=True,
+        default=DEFAULT_MAX_CAPTURE_BYTES,
+        ge=4096,
+        description=(
+            "Bytes of captured model calls the gateway's store may hold in all; a model call past it gets "
+            "HTTP 507 (with Retry-After) until the trainer consumes rollouts. Size the gateway's memory "
+            "(resources) above it: see docs/tuning-the-window.md, 'Sizing the gateway'."
+        ),
+    )
+    max_capture_bytes_per_rollout: int = Field(
+        strict=True,
+        default=DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT,
+        ge=4096,
+        description=(
+            "Bytes of captured model calls one rollout may hold; its model calls past it get HTTP 413 "
+            "(a multi-turn agent resends its history each turn, so this grows with turns squared)."
         ),
     )
     agent_url: str | None = Field(
@@ -595,6 +627,14 @@ class GatewaySpec(ApiModel):
             f"--pause-mode={self.pause_mode.value.lower()}",
             f"--hold-timeout-seconds={self.hold_timeout_seconds}",
             f"--max-held-calls={self.max_held_calls}",
+        ]
+
+    def capture_flags(self) -> list[str]:
+        """`asyncrl gateway` flags for these capture settings (the operator's sidecar and local mode)."""
+        return [
+            f"--capture={self.capture.value.lower()}",
+            f"--max-capture-bytes={self.max_capture_bytes}",
+            f"--max-capture-bytes-per-rollout={self.max_capture_bytes_per_rollout}",
         ]
 
 

@@ -1,0 +1,28 @@
+"""How much of each model call the gateway keeps: one vocabulary for the spec, the gateway and the docs.
+
+A leaf module (no I/O, no imports from the rest of the package), like `asyncrl.pausing`, so the API types and
+the gateway name the same choices. Values are CamelCase, as they appear in a manifest.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class CaptureMode(StrEnum):
+    """What the gateway's store keeps of a captured model call besides its metadata."""
+
+    # Token ids and log-probs as packed arrays: what training reads, about 12 bytes per generated token and
+    # 4 per prompt token. The request and response JSON are dropped once the tokens are read from them.
+    COMPACT = "Compact"
+    # Also the forwarded request's and the upstream response's JSON bytes, shown in the events document
+    # (`request`, `response`): for debugging an agent or a model server; several times the memory.
+    FULL = "Full"
+
+    @classmethod
+    def from_flag(cls, value: str) -> CaptureMode:
+        """`compact` / `full` (the CLI's spelling) or the manifest's `Compact` / `Full`."""
+        for mode in cls:
+            if value.lower() == mode.value.lower():
+                return mode
+        raise ValueError(f"capture mode {value!r} is not one of compact, full")
