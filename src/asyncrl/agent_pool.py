@@ -34,13 +34,12 @@ from asyncrl.gateway.models import RolloutView
 from asyncrl.gateway.pool_models import PoolAssignment, PoolClaim, PoolOutcome
 from asyncrl.operator import names
 from asyncrl.operator.names import ATTEMPT_ID
+from asyncrl.operator.pool import POOL_TOKEN_ENV, WORKER_ENV
 from asyncrl.operator.templates import TemplateError, render_job, rollout_variables
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
 
-POOL_TOKEN_ENV = "ASYNCRL_POOL_TOKEN"
-WORKER_ENV = "ASYNCRL_POOL_WORKER"
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
 STOPPED = "the agent pool pod stopped (deleted or scaled down) during this rollout; not rerun"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import time
 import uuid
 from typing import Annotated
 
@@ -115,6 +116,8 @@ def pool_router(*, key: str, store: RolloutStore) -> APIRouter:
         for rollout in store.select():
             worker = worker_of(rollout)
             if worker is None or worker in live or rollout.state.is_terminal:
+                continue
+            if (rollout.launched_at or 0.0) > time.time() - request.min_age_seconds:
                 continue
             fail(rollout, WORKER_GONE.format(worker=worker))
             failed.append(rollout.rollout_id)

@@ -53,6 +53,12 @@ class PoolRelease(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     live_workers: list[str] = Field(max_length=10_000)
+    min_age_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="Spare rollouts launched more recently: a pod created after the operator listed the pods "
+        "is not in live_workers yet.",
+    )
 
 
 class PoolReleased(BaseModel):
