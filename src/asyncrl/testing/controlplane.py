@@ -37,6 +37,8 @@ REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubec
 # The controllers our operator relies on; everything else (scheduler, kubelet, node lifecycle) is absent.
 CONTROLLERS = (
     "job-controller",
+    "deployment-controller",  # agents.mode Pool: the agent pool Deployment
+    "replicaset-controller",
     "garbage-collector-controller",
     "ttl-after-finished-controller",
     "namespace-controller",
