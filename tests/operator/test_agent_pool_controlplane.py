@@ -128,7 +128,8 @@ def test_a_pool_run_finishes_each_rollout_once_without_jobs_and_its_pool_goes_wi
     assert status["rollouts"]["succeeded"] == 8
     assert agent_jobs(api_client, namespace, "pooled") == []
     deployment = _deployment(api_client, namespace, "pooled")
-    assert deployment is not None and deployment.spec.replicas == 2
+    assert deployment is not None
+    assert deployment.spec.replicas == 2
     assert deployment.metadata.owner_references[0].name == "pooled"
     container = deployment.spec.template.spec.containers[0]
     assert container.command == ["asyncrl", "agent-pool"]
