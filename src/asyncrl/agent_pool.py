@@ -9,6 +9,12 @@ agent written for Jobs runs unchanged; what it loses is the fresh pod per rollou
 At most once: the runner reports `running` before it starts the agent, and the agent dies with the runner
 (`PR_SET_PDEATHSIG`). If the runner is killed mid-rollout, its next claim (after the container restarts)
 fails that rollout instead of running it again. The pool token never reaches the agent's environment.
+
+Cancellation: where the operator deletes a cancelled rollout's Job, the runner asks the gateway for the
+rollout's state every `cancel_poll_seconds` while its agent runs (`GET /api/rollouts/{id}`, with the
+rollout's own token); once the gateway has ended it (cancelled, timed out, any terminal state) or forgotten
+it, the runner kills the agent's process group (the agent runs in a session of its own, so its children go
+too) and claims the next rollout. Nothing is reported for it: the gateway already holds its end.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,7 @@ from asyncrl.rollouts import RolloutState
 logger = logging.getLogger(__name__)
 
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
+CANCEL_POLL_SECONDS = 2.0
 STOPPED = "the agent pool pod stopped (deleted or scaled down) during this rollout; not rerun"
 
 
@@ -53,6 +60,7 @@ class PoolSettings:
     run_name: str
     namespace: str
     timeout_seconds: float  # spec.rolloutTimeoutSeconds, unless the rollout has its own
+    cancel_poll_seconds: float = CANCEL_POLL_SECONDS  # how often a running rollout's state is read
 
 
 def agent_process(
@@ -133,6 +141,26 @@ class PoolGateway:
             return False
         return True
 
+    async def ended(self, rollout_id: str, agent_key: str) -> str:
+        """Return (a reason) once the gateway has ended the rollout or no longer knows it; polls until then.
+
+        Reads with the rollout's own token: the pool token opens only the pool routes."""
+        headers = {"authorization": f"Bearer {agent_key}"}
+        while True:
+            await asyncio.sleep(self.settings.cancel_poll_seconds)
+            try:
+                response = await self.http.get(f"/api/rollouts/{rollout_id}", headers=headers)
+            except httpx.TransportError as error:  # a restarting gateway: keep the agent, ask again
+                logger.debug("rollout %s: state unknown: %s", rollout_id, error)
+                continue
+            if response.status_code == 404:
+                return "the gateway no longer knows it"
+            if response.status_code != 200:
+                continue
+            state = RolloutState(response.json()["state"])
+            if state.is_terminal:
+                return f"the gateway ended it ({state})"
+
 
 class PoolRunner:
     def __init__(self, settings: PoolSettings, *, pod_env: Mapping[str, str] | None = None) -> None:
@@ -183,34 +211,53 @@ class PoolRunner:
             return
         timeout = rollout.timeout_seconds or settings.timeout_seconds
         try:
-            state, message = await _execute(argv, env, timeout)
+            state, message = await _execute(
+                argv, env, timeout, ended=self.gateway.ended(rollout.rollout_id, agent_key)
+            )
         except asyncio.CancelledError:  # the pod is stopping (SIGTERM): say so rather than leave it running
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self.gateway.report(rollout.rollout_id, RolloutState.FAILED, STOPPED), timeout=5
                 )
             raise
+        if state is None:  # the gateway ended it first: nothing to report
+            logger.info("rollout %s: agent killed: %s", rollout.rollout_id, message)
+            return
         await self.gateway.report(rollout.rollout_id, state, message)
 
 
 async def _execute(
-    argv: list[str], env: Mapping[str, str], timeout: float
-) -> tuple[RolloutState, str | None]:
+    argv: list[str], env: Mapping[str, str], timeout: float, *, ended: Coroutine[Any, Any, str]
+) -> tuple[RolloutState | None, str | None]:
+    """Run the agent to its end, its timeout, or the gateway's end of the rollout (`ended` returns first:
+    state None). The agent leads a process group of its own; any way out but its own exit kills the group."""
+    watching = asyncio.ensure_future(ended)
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent
-        )
-    except OSError as error:
-        return RolloutState.FAILED, f"cannot start {argv[0]}: {error.strerror}"
-    try:
-        code = await asyncio.wait_for(process.wait(), timeout=timeout)
-    except TimeoutError:
-        _kill(process)
-        await process.wait()
-        return RolloutState.TIMED_OUT, f"killed after {timeout:.0f}s"
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                env=dict(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+                start_new_session=True,
+            )
+        except OSError as error:
+            return RolloutState.FAILED, f"cannot start {argv[0]}: {error.strerror}"
+        waiting = asyncio.ensure_future(process.wait())
+        try:
+            await asyncio.wait({waiting, watching}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if process.returncode is None:  # timed out, ended by the gateway, or the runner is stopping
+                _kill_group(process)
+                waiting.cancel()
+        if not waiting.done() or waiting.cancelled():
+            await process.wait()
+            if watching.done() and not watching.cancelled():
+                return None, watching.result()
+            return RolloutState.TIMED_OUT, f"killed after {timeout:.0f}s"
     finally:
-        if process.returncode is None:  # cancelled: the agent does not outlive the runner
-            _kill(process)
+        watching.cancel()
+    code = waiting.result()
     if code == 0:
         return RolloutState.SUCCEEDED, None
     return RolloutState.FAILED, f"agent exited with {code}"
@@ -225,7 +272,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _kill(process: asyncio.subprocess.Process) -> None:
+def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL the agent's process group (its pid: `start_new_session`), while the agent is not yet reaped,
+    so the group id cannot belong to anyone else."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         process.kill()
 
@@ -242,6 +293,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> 
         run_name=args.run_name,
         namespace=args.namespace,
         timeout_seconds=float(args.rollout_timeout_seconds),
+        cancel_poll_seconds=float(args.cancel_poll_seconds),
     )
 
 
@@ -251,6 +303,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-name", required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--rollout-timeout-seconds", type=float, default=1800.0)
+    parser.add_argument(
+        "--cancel-poll-seconds",
+        type=float,
+        default=CANCEL_POLL_SECONDS,
+        help="how often the state of the running rollout is read (its agent is killed once it ended)",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -258,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per claim and per state poll
     settings = settings_from_args(args, os.environ)
     logger.info(
         "agent pool worker %s of run %s: taking rollouts from %s",

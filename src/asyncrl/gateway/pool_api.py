@@ -8,7 +8,8 @@ the agent: handed to it again, it was never run) or `running` (the worker restar
 never rerun). Rollouts of workers that no longer exist (a deleted pod) are failed by the operator through
 `/api/pool/release`.
 
-The pool token (`auth.pool_token`) allows these routes only; agents get their rollout's own token.
+The pool token (`auth.pool_token`) allows these routes only, and not `release` (the operator's, with the
+gateway key: a pool pod must not fail other pods' rollouts); agents get their rollout's own token.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ def pool_router(*, key: str, store: RolloutStore) -> APIRouter:
         allowed = (token, key)  # the operator's gateway key may do what the pool may
         if not any(hmac.compare_digest(given.encode(), value.encode()) for value in allowed):
             raise HTTPException(403, "this route needs the agent pool token")
+
+    def operator_access(authorization: Annotated[str | None, Header()] = None) -> None:
+        given = bearer(authorization)
+        if given is None or not hmac.compare_digest(given.encode(), key.encode()):
+            raise HTTPException(
+                403, "releasing pool workers' rollouts needs the gateway key (the operator's)"
+            )
 
     router = APIRouter(prefix="/api/pool", dependencies=[Depends(pool_access)])
 
@@ -109,7 +117,7 @@ def pool_router(*, key: str, store: RolloutStore) -> APIRouter:
             raise HTTPException(409, str(error)) from error
         return {"rollout_id": rollout_id, "state": str(rollout.state)}
 
-    @router.post("/release")
+    @router.post("/release", dependencies=[Depends(operator_access)])
     async def release(request: PoolRelease) -> PoolReleased:
         live = set(request.live_workers)
         failed: list[str] = []
