@@ -440,7 +440,8 @@ def pool_ready(api: Any, run: str, replicas: int) -> bool:
         deployment = client.AppsV1Api(api).read_namespaced_deployment(names.agent_pool_name(run), NAMESPACE)
     except client.exceptions.ApiException:
         return False
-    return (deployment.status.ready_replicas or 0) >= replicas
+    status = deployment.status
+    return status is not None and (status.ready_replicas or 0) >= replicas
 
 
 def measure(
