@@ -174,11 +174,17 @@ def _kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
 
 
 @contextmanager
-def cluster(work_dir: Path) -> Iterator[tuple[ControlPlane, Any]]:
-    """The control plane, an API client, the pod runner with the benchmark's images, the CRD, a namespace."""
+def cluster(work_dir: Path, *, controller_manager_qps: int = 0) -> Iterator[tuple[ControlPlane, Any]]:
+    """The control plane, an API client, the pod runner with the benchmark's images, the CRD, a namespace.
+
+    `controller_manager_qps`: kube-controller-manager's `--kube-api-qps` (and twice that as burst); 0 keeps
+    its default (20/s, burst 30)."""
     from kubernetes import client, config
 
-    with ControlPlane(work_dir=work_dir / "control-plane") as plane:
+    extra = ()
+    if controller_manager_qps:
+        extra = (f"--kube-api-qps={controller_manager_qps}", f"--kube-api-burst={2 * controller_manager_qps}")
+    with ControlPlane(work_dir=work_dir / "control-plane", controller_manager_args=extra) as plane:
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)
         api = client.ApiClient(configuration)
@@ -641,6 +647,12 @@ def main() -> None:
     parser.add_argument("--pool-replicas", type=int, default=4, help="agents.pool.replicas at --scale")
     parser.add_argument("--skip-limits", action="store_true", help="only the --scale comparison")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per scenario")
+    parser.add_argument(
+        "--controller-manager-qps",
+        type=int,
+        default=0,
+        help="kube-controller-manager's --kube-api-qps (0: its default, 20/s): the Job controller's pace",
+    )
     args = parser.parse_args()
     scale = []
     if args.scale:
@@ -661,7 +673,7 @@ def main() -> None:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-operator-") as tmp:
         work_dir = Path(tmp)
-        with cluster(work_dir) as (plane, api):
+        with cluster(work_dir, controller_manager_qps=args.controller_manager_qps) as (plane, api):
             operator, metrics_port = start_operator(plane, work_dir)
             try:
                 results = []

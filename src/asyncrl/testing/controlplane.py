@@ -146,6 +146,7 @@ class ControlPlane:
     work_dir: Path | None = None
     start_timeout_seconds: float = 120.0
     controllers: tuple[str, ...] = CONTROLLERS
+    controller_manager_args: tuple[str, ...] = ()  # extra flags (a benchmark's --kube-api-qps)
     server: str = ""
     token: str = ""
     kubeconfig: Path = Path()
@@ -308,6 +309,7 @@ class ControlPlane:
                 "--concurrent-job-syncs=10",
                 "--concurrent-gc-syncs=10",
                 "--v=1",
+                *self.controller_manager_args,
             ],
         )
         self._wait_until(
