@@ -170,3 +170,33 @@ def test_a_rollout_the_trainer_deleted_while_it_ran_has_its_agent_killed_too(
         timeout=30,
         what="the runner to say why it killed the agent",
     )
+
+
+def test_a_rollout_past_its_timeout_has_its_agent_and_children_killed_and_ends_timed_out(
+    gateway: RunningGateway, runner: tuple[subprocess.Popen[bytes], Path, Path]
+) -> None:
+    process, executions, _ = runner
+    with gateway.management() as management:
+        create_rollouts(management, "slow", group_id="g1", input={"behaviour": "hang"}, timeout_seconds=2)
+        [(_, agent, child)] = wait_for(
+            lambda: _lines(executions), timeout=60, what="the hanging agent to start"
+        )
+        wait_for(
+            lambda: not _alive(agent) and not _alive(child),
+            timeout=60,
+            what="the timed-out rollout's agent and its child to be killed",
+        )
+        slow = wait_for(
+            lambda: (r := management.get("/api/rollouts/slow").json())["state"] != "running" and r,
+            timeout=30,
+            what="the rollout to end",
+        )
+        assert slow["state"] == "timed_out", slow
+        create_rollouts(management, "next", group_id="g2", input={"behaviour": "ok"})
+        wait_for(
+            lambda: management.get("/api/rollouts/next").json()["state"] == "succeeded",
+            timeout=60,
+            what="the next rollout to run in the same pod",
+        )
+        assert process.poll() is None
+    assert collections.Counter(rollout for rollout, _, _ in _lines(executions)) == {"slow": 1, "next": 1}
