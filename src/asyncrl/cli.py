@@ -48,6 +48,12 @@ def _render_agent_job(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _agent_pool(args: argparse.Namespace) -> int:
+    from asyncrl.agent_pool import run
+
+    return run(args)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from asyncrl.api.crd import run
 
@@ -125,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render_arguments(render)
     render.set_defaults(handler=_render_agent_job)
+
+    from asyncrl.agent_pool import add_arguments as agent_pool_arguments
+
+    agent_pool = commands.add_parser(
+        "agent-pool",
+        help="run one agent pool pod (agents.mode: Pool): take rollouts from the gateway, one after another",
+    )
+    agent_pool_arguments(agent_pool)
+    agent_pool.set_defaults(handler=_agent_pool)
 
     crd = commands.add_parser(
         "crd", help="print, --write or --check the CRD (and its reference docs) generated from the API types"

@@ -44,6 +44,7 @@ from asyncrl.gateway.models import (
     WindowSummary,
 )
 from asyncrl.gateway.pause import PauseState
+from asyncrl.gateway.pool_api import pool_router
 from asyncrl.gateway.proxy import ProxyHandler
 from asyncrl.gateway.store import (
     EventRejected,
@@ -381,6 +382,8 @@ def build_api(
         return Response(json.dumps(summary.model_dump(mode="json")), media_type="application/json")
 
     # -- health and metrics -------------------------------------------------------------------------------
+
+    app.include_router(pool_router(key=key, store=store))  # agents.mode: Pool (pool_api.py)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -11,6 +11,7 @@ import hmac
 from enum import Enum
 
 TOKEN_PREFIX = "aglr-"
+POOL_TOKEN_PREFIX = "aglp-"
 
 
 class Access(Enum):
@@ -24,6 +25,13 @@ def agent_token(key: str, rollout_id: str) -> str:
     """The bearer token that the agent of `rollout_id` receives as AGL_KEY."""
     digest = hmac.new(key.encode(), rollout_id.encode(), hashlib.sha256).hexdigest()
     return f"{TOKEN_PREFIX}{digest}"
+
+
+def pool_token(key: str) -> str:
+    """The bearer token of a run's agent pool pods: it may take rollouts and report their outcomes
+    (`/api/pool/*`), nothing else; the pool gives each agent only its rollout's own token."""
+    digest = hmac.new(key.encode(), b"asyncrl agent pool", hashlib.sha256).hexdigest()
+    return f"{POOL_TOKEN_PREFIX}{digest}"
 
 
 def bearer(authorization: str | None) -> str | None:

@@ -27,6 +27,7 @@ from asyncrl.gateway.models import (
     Transition,
     WindowSummary,
 )
+from asyncrl.gateway.pool_models import PoolRelease, PoolReleased
 from asyncrl.rollouts import RolloutState
 
 
@@ -258,6 +259,12 @@ class GatewayClient:
         restarted and lost its state)."""
         result: dict[str, Any] = (await self._request("GET", "/api/stats")).json()
         return result
+
+    async def release_pool_workers(self, live_workers: list[str]) -> list[str]:
+        """Fail the rollouts held by agent pool pods not in `live_workers` (`gateway/pool_api.py`)."""
+        body = PoolRelease(live_workers=live_workers).model_dump()
+        response = await self._request("POST", "/api/pool/release", json=body)
+        return PoolReleased.model_validate(response.json()).failed
 
     async def report_trainer(self, report: TrainerReport) -> None:
         """Leave the trainer's failure report with the gateway (it outlives the trainer container)."""

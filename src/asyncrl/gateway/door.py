@@ -18,6 +18,7 @@ dependencies in `api.py` repeat the same rule as a second line of defence.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import math
 import re
@@ -25,12 +26,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.gateway.auth import Access, check_access
+from asyncrl.gateway.auth import Access, bearer, check_access, pool_token
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+POOL_PATH_PREFIX = "/api/pool/"
 _ROLLOUT_READ = re.compile(r"^/api/rollouts/(?P<rollout_id>[^/]+)$")
 _ROLLOUT_EVENTS = re.compile(r"^/api/rollouts/(?P<rollout_id>[^/]+)/attempt/[^/]+/events$")
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -68,6 +70,7 @@ class RouteAccess:
 
     public: bool = False
     rollout_id: str | None = None  # None and not public: the gateway key
+    pool: bool = False  # the agent pool's routes: the gateway key or the pool token (pool_api.py)
 
 
 def route_access(method: str, path: str) -> RouteAccess:
@@ -78,12 +81,17 @@ def route_access(method: str, path: str) -> RouteAccess:
         return RouteAccess(rollout_id=match["rollout_id"])
     if method == "POST" and (match := _ROLLOUT_EVENTS.match(path)):
         return RouteAccess(rollout_id=match["rollout_id"])
+    if path.startswith(POOL_PATH_PREFIX):
+        return RouteAccess(pool=True)
     return RouteAccess()
 
 
 def authorize(key: str, authorization: str | None, access: RouteAccess) -> None:
     """Return when the caller may proceed; else refuse with 401 (no token) or 403 (wrong token)."""
     if access.public:
+        return
+    token = bearer(authorization)
+    if access.pool and token is not None and hmac.compare_digest(token.encode(), pool_token(key).encode()):
         return
     granted = check_access(key, authorization, access.rollout_id)
     if granted is Access.MANAGEMENT or (granted is Access.ROLLOUT and access.rollout_id is not None):

@@ -47,6 +47,7 @@ import httpx
 
 from asyncrl.agent import AgentEnvironment
 from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, Phase
+from asyncrl.api.types import AgentsMode
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.models import LaunchTotals, RolloutView, TrainerOutcome, TrainerReport
 from asyncrl.operator import names
@@ -57,6 +58,7 @@ from asyncrl.operator.kube import JSON, Kube
 from asyncrl.operator.ledger import ANNOTATION_LEDGER, JobCountsSeen, JobLedger
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.names import ATTEMPT_ID
+from asyncrl.operator.pool_keeper import PoolInputs, keep_agent_pool
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
 from asyncrl.operator.renderer import TemplateRenderer, check_template
 from asyncrl.operator.retry import (
@@ -139,6 +141,7 @@ class RunController:
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
         self._dirty = asyncio.Event()
         self._capacity = asyncio.Event()
+        self._pool_changed = asyncio.Event()  # agents.mode Pool: the pool's size may have to change
         self._summary: dict[str, Any] | None = None
         self._rollout_counts: dict[str, int] | None = None
         self._trainer_report: TrainerReport | None = None
@@ -170,13 +173,14 @@ class RunController:
         self.context.spec = spec
         self.limiter.per_minute = spec.agents.max_jobs_per_minute
         self._capacity.set()
+        self._pool_changed.set()
         self._dirty.set()
 
     async def run(self) -> None:
         """Run until cancelled (the run was deleted, or the operator stops)."""
         await self._check_template()
         loops: list[Callable[[], Coroutine[Any, Any, None]]] = [
-            *([] if self.fatal_error else [self._claim_loop]),  # an invalid template launches nothing
+            *([] if self.fatal_error else [self._launch_loop()]),  # an invalid template launches nothing
             self._report_loop,
             self._cancellation_loop,
             self._summary_loop,
@@ -308,6 +312,30 @@ class RunController:
             for rollout in claimed:
                 await self._wait_for_capacity()
                 await self._launch(rollout)
+
+    def _launch_loop(self) -> Callable[[], Coroutine[Any, Any, None]]:
+        """Jobs: claim and launch one Job per rollout. Pool: keep the agent pool, whose pods claim."""
+        if self.context.spec.agents.mode is AgentsMode.POOL:
+            return self._pool_loop
+        return self._claim_loop
+
+    async def _pool_loop(self) -> None:
+        inputs = PoolInputs(
+            run=lambda: self.context.run,
+            spec=lambda: self.context.spec,
+            stopped=lambda: self._stopped_for_failure,
+            agent_gateway_url=self.context.agent_gateway_url,
+            gateway_key=self.context.gateway_key,
+            template_source=self.context.template_source,
+        )
+        await keep_agent_pool(
+            inputs,
+            kube=self.kube,
+            renderer=self.renderer,
+            gateway=self.gateway,
+            gateway_call=self._gateway_call,
+            changed=self._pool_changed,
+        )
 
     async def _resolve_vanished_launches(self) -> None:
         """Launched unfinished rollouts whose Job is gone (it ended unwatched): end them, never rerun."""
@@ -699,7 +727,7 @@ class RunController:
             gateway_reachable=self.gateway_reachable,
             summary=self._summary,
             rollout_counts=self._rollout_counts,
-            jobs_active=len(self.jobs.active),
+            jobs_active=len(self.jobs.active) or self._pool_running(),
             jobs_created=counts.created,
             jobs_failed=counts.failed,
             template_error=self.template_error,
@@ -724,6 +752,12 @@ class RunController:
         if status.phase is Phase.FAILED and not self._stopped_for_failure:
             await self._stop_failed_run()
 
+    def _pool_running(self) -> int:
+        """Pool mode has no agent Jobs: its active agents are the running rollouts."""
+        if self.context.spec.agents.mode is not AgentsMode.POOL or self._rollout_counts is None:
+            return 0
+        return int(self._rollout_counts.get("running", 0))
+
     def _trainer_fatal_error(self) -> str | None:
         report = self._trainer_report
         if report is None or not report.outcome.is_permanent:
@@ -743,6 +777,7 @@ class RunController:
         """
         self._stopped_for_failure = True
         self._capacity.clear()
+        self._pool_changed.set()  # a Pool run's pods go too
         namespace = self.context.namespace
         trainer = names.trainer_job_name(self.context.name)
         with contextlib.suppress(Exception):  # best effort: the run is already marked Failed

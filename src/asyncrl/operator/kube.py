@@ -45,6 +45,7 @@ class Kube:
         self.core: Any = client.CoreV1Api(api_client)
         self.batch: Any = client.BatchV1Api(api_client)
         self.custom: Any = client.CustomObjectsApi(api_client)
+        self.apps: Any = client.AppsV1Api(api_client)
 
     @staticmethod
     def _json(response: Any) -> JSON:
@@ -80,8 +81,19 @@ class Kube:
             "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
             "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
             "Job": (self.batch.create_namespaced_job, self.batch.read_namespaced_job),
+            "Deployment": (self.apps.create_namespaced_deployment, self.apps.read_namespaced_deployment),
         }
         return table[kind]
+
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Set a Deployment's replicas (the agent pool's size)."""
+        await self._call(
+            self.apps.patch_namespaced_deployment, name, namespace, {"spec": {"replicas": replicas}}
+        )
+
+    async def list_pod_names(self, namespace: str, label_selector: str) -> list[str]:
+        listing = await self._call(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return [str(pod["metadata"]["name"]) for pod in listing.get("items") or []]
 
     async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
         import base64

@@ -79,3 +79,15 @@ def common_labels(run: str, component: str) -> dict[str, str]:
         LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_RUN: run,
     }
+
+
+COMPONENT_AGENT_POOL = "agent-pool"
+
+
+def agent_pool_name(run: str) -> str:
+    """The Deployment of a run's agent pool (`agents.mode: Pool`); its pods get a suffix of ~17 characters."""
+    return _bounded(run, "agents", limit=46)
+
+
+def agent_pool_secret_name(run: str) -> str:
+    return _bounded(run, "agent-pool-token", limit=253)

@@ -37,6 +37,8 @@ REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubec
 # The controllers our operator relies on; everything else (scheduler, kubelet, node lifecycle) is absent.
 CONTROLLERS = (
     "job-controller",
+    "deployment-controller",  # agents.mode Pool: the agent pool Deployment
+    "replicaset-controller",
     "garbage-collector-controller",
     "ttl-after-finished-controller",
     "namespace-controller",
@@ -144,6 +146,7 @@ class ControlPlane:
     work_dir: Path | None = None
     start_timeout_seconds: float = 120.0
     controllers: tuple[str, ...] = CONTROLLERS
+    controller_manager_args: tuple[str, ...] = ()  # extra flags (a benchmark's --kube-api-qps)
     server: str = ""
     token: str = ""
     kubeconfig: Path = Path()
@@ -306,6 +309,7 @@ class ControlPlane:
                 "--concurrent-job-syncs=10",
                 "--concurrent-gc-syncs=10",
                 "--v=1",
+                *self.controller_manager_args,
             ],
         )
         self._wait_until(

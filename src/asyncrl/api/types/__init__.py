@@ -4,6 +4,8 @@ from asyncrl.api.types.meta import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, S
 from asyncrl.api.types.rules import IMMUTABLE_FIELDS
 from asyncrl.api.types.run import AsyncTrainingRun, FieldError, InvalidRunError, check_update, load_run
 from asyncrl.api.types.spec import (
+    AgentPoolSpec,
+    AgentsMode,
     AgentsSpec,
     AgentTemplateSpec,
     AsyncSpec,
@@ -44,7 +46,9 @@ __all__ = [
     "PLURAL",
     "SHORT_NAMES",
     "VERSION",
+    "AgentPoolSpec",
     "AgentTemplateSpec",
+    "AgentsMode",
     "AgentsSpec",
     "AsyncSpec",
     "AsyncTrainingRun",

@@ -103,6 +103,7 @@ IMMUTABLE_FIELDS = (
     "trainer.nodes",
     "async.enabled",
     "async.windowSize",
+    "agents.mode",  # Jobs and Pool launch differently; a switch mid-run would strand the other's agents
 )
 # Immutable fields that may be absent; the others are required or defaulted by the API server.
 _OPTIONAL_IMMUTABLE_FIELDS = frozenset({"async.windowSize"})

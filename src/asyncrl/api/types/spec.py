@@ -656,8 +656,31 @@ class AgentTemplateSpec(ApiModel):
         return self
 
 
+class AgentsMode(StrEnum):
+    """How agents are started: a Job per rollout, or long-lived pods that take rollouts one after another."""
+
+    JOBS = "Jobs"  # one Job (one pod) per rollout: full isolation, a pod start per rollout
+    POOL = "Pool"  # a Deployment of agent pods, each running one rollout at a time: no pod start per rollout
+
+
+class AgentPoolSpec(ApiModel):
+    """The agent pool of `mode: Pool`: a Deployment the operator owns, built from the same template."""
+
+    replicas: int = Field(
+        strict=True, default=4, ge=0, le=1000, description="Agent pods; each runs one rollout at a time."
+    )
+
+
 class AgentsSpec(ApiModel):
-    """The agents: one Kubernetes Job per rollout, rendered from a template."""
+    """The agents: one Kubernetes Job per rollout (or a pool of long-lived pods), rendered from a template."""
+
+    mode: AgentsMode = Field(
+        default=AgentsMode.JOBS,
+        description="`Jobs`: one Job per rollout. `Pool`: `pool.replicas` long-lived pods that each run the "
+        "template's first container for one rollout after another (for short rollouts, where pod start-up "
+        "dominates); same template, same AGL_* environment, at most once per rollout.",
+    )
+    pool: AgentPoolSpec = section(AgentPoolSpec, "The agent pool (used when mode is Pool).")
 
     template: AgentTemplateSpec = Field(
         description="The Job template; exactly one of configMapRef or inline."

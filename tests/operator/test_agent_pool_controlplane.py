@@ -1,0 +1,188 @@
+"""`agents.mode: Pool` on the real control plane: a Deployment of agent pods takes the rollouts.
+
+Counted, not assumed: each agent execution appends a line (its rollout's event URL, its pid and its runner's
+pid) to a file, so a rollout run twice shows up twice, whatever the gateway says.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.operator import names
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.waiting import wait_for
+from tests.operator.cluster import agent_jobs, apply_run, run_status
+from tests.operator.conftest import OperatorStarter, run_manifest
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+
+def _agent_template(executions: Path) -> str:
+    """Records each execution (rollout URL, own pid, runner pid), then ok (a model call, a reward) or hang."""
+    return f"""\
+apiVersion: batch/v1
+kind: Job
+spec:
+  template:
+    spec:
+      containers:
+      - name: agent
+        image: asyncrl.test/python
+        command:
+        - python
+        - -c
+        - |
+          import os, time
+          with open(os.environ["EXECUTIONS"], "a") as log:
+              log.write(f"{{os.environ['AGL_EVENT_URL']}} {{os.getpid()}} {{os.getppid()}}\\n")
+          if os.environ["BEHAVIOUR"] == "hang":
+              time.sleep(600)
+          from asyncrl.agent import chat, report_reward
+          chat([{{"role": "user", "content": "hi"}}])
+          report_reward(1.0)
+        env:
+        - name: EXECUTIONS
+          value: "{executions}"
+        - name: BEHAVIOUR
+          value: "{{{{ behaviour }}}}"
+"""
+
+
+def _lines(path: Path) -> list[tuple[str, int, int]]:
+    """(rollout id, agent pid, runner pid) per execution."""
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        match = re.search(r"/api/rollouts/([^/]+)/attempt/\S+ (\d+) (\d+)$", line)
+        assert match is not None, line
+        found.append((match[1], int(match[2]), int(match[3])))
+    return found
+
+
+def _executions(path: Path) -> collections.Counter[str]:
+    return collections.Counter(rollout for rollout, _, _ in _lines(path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pool_manifest(name: str, executions: Path, rows: list[dict[str, str]], **spec: Any) -> dict[str, Any]:
+    manifest = run_manifest(name, template=_agent_template(executions), **spec)
+    manifest["spec"]["data"]["inline"] = rows
+    manifest["spec"]["agents"]["mode"] = "Pool"
+    manifest["spec"]["agents"]["pool"] = {"replicas": 2}
+    return manifest
+
+
+def _deployment(api_client: Any, namespace: str, run: str) -> Any | None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return client.AppsV1Api(api_client).read_namespaced_deployment(names.agent_pool_name(run), namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def test_a_pool_run_finishes_each_rollout_once_without_jobs_and_its_pool_goes_with_the_run(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+    tmp_path: Path,
+) -> None:
+    from kubernetes import client
+
+    executions = tmp_path / "executions.log"
+    manifest = _pool_manifest("pooled", executions, [{"behaviour": "ok"}] * 2, totalSteps=2)
+    start_operator()
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    status = wait_for(
+        lambda: (s := run_status(api_client, namespace, "pooled")).get("phase") == "Succeeded" and s,
+        timeout=240,
+        what="the Pool run to finish",
+    )
+    counted = _executions(executions)
+    assert set(counted) == {f"s{step}-g{g}-r{r}" for step in range(2) for g in range(2) for r in range(2)}
+    assert set(counted.values()) == {1}, counted
+    runners = {runner for _, _, runner in _lines(executions)}
+    assert len(runners) <= 2  # two long-lived pods ran all eight rollouts (no process per rollout)
+    assert status["jobs"]["created"] == 8  # launches, as in Jobs mode
+    assert status["jobs"]["failed"] == 0
+    assert status["rollouts"]["succeeded"] == 8
+    assert agent_jobs(api_client, namespace, "pooled") == []
+    deployment = _deployment(api_client, namespace, "pooled")
+    assert deployment is not None
+    assert deployment.spec.replicas == 2
+    assert deployment.metadata.owner_references[0].name == "pooled"
+    container = deployment.spec.template.spec.containers[0]
+    assert container.command == ["asyncrl", "agent-pool"]
+    assert "ASYNCRL_GATEWAY_KEY" not in {entry.name for entry in container.env}  # never the gateway key
+
+    client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+        "asyncrl.dev", "v1alpha1", namespace, "asynctrainingruns", "pooled"
+    )
+    wait_for(
+        lambda: _deployment(api_client, namespace, "pooled") is None,
+        timeout=120,
+        what="the garbage collector to delete the pool Deployment with its run",
+    )
+
+
+def test_a_pool_runner_killed_mid_rollout_fails_that_rollout_and_never_runs_it_again(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+    tmp_path: Path,
+) -> None:
+    executions = tmp_path / "executions.log"
+    # g0 hangs (both its rollouts, one per pod); g1 finishes normally, after the kill.
+    manifest = _pool_manifest(
+        "killed-pool", executions, [{"behaviour": "hang"}, {"behaviour": "ok"}], totalSteps=1
+    )
+    start_operator()
+    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    hanging = {"s0-g0-r0", "s0-g0-r1"}
+
+    def both_hanging() -> list[tuple[str, int, int]] | None:
+        lines = [line for line in _lines(executions) if line[0] in hanging]
+        return lines if len(lines) == 2 else None
+
+    lines = wait_for(both_hanging, timeout=180, what="both pool pods to run a hanging rollout")
+    for _, _, runner in lines:
+        os.kill(runner, signal.SIGKILL)  # the pool runner, the container's main process: no grace, no report
+    wait_for(
+        lambda: not any(_alive(agent) for _, agent, _ in lines),
+        timeout=30,
+        what="the killed runners' agents to die with them (PR_SET_PDEATHSIG)",
+    )
+    status = wait_for(
+        lambda: (s := run_status(api_client, namespace, "killed-pool")).get("phase") == "Succeeded" and s,
+        timeout=240,
+        what="the run to finish after the restarted pods failed the interrupted rollouts",
+    )
+    counted = _executions(executions)
+    assert counted == {"s0-g0-r0": 1, "s0-g0-r1": 1, "s0-g1-r0": 1, "s0-g1-r1": 1}, counted
+    restarted_runners = {runner for rollout, _, runner in _lines(executions) if rollout not in hanging}
+    assert not restarted_runners & {runner for _, _, runner in lines}  # g1 ran in the restarted runners
+    assert status["rollouts"]["failed"] == 2
+    assert status["rollouts"]["succeeded"] == 2
+    assert status["jobs"]["failed"] == 2
