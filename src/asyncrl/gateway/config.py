@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
 
-from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
 from asyncrl.pausing import PauseMode
+from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 
 KEY_ENV_VAR = "ASYNCRL_GATEWAY_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024

@@ -19,8 +19,8 @@ from asyncrl.gateway.config import (
     MAX_JSON_DEPTH_CEILING,
     GatewayConfig,
 )
-from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
 from asyncrl.pausing import PauseMode
+from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 
 logger = logging.getLogger(__name__)
 

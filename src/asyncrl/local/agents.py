@@ -29,10 +29,10 @@ import httpx
 from asyncrl.agent import AgentEnvironment
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.models import RolloutView
+from asyncrl.launch.podspec import Image, container_argv
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.templates import TemplateError, render_job, rollout_variables
 from asyncrl.rollouts import RolloutState
-from asyncrl.testing.podspec import Image, container_argv
 
 logger = logging.getLogger(__name__)
 

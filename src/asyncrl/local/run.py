@@ -32,11 +32,11 @@ from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.gateway.models import TrainerReport
 from asyncrl.gateway.sampling import sampling_args
+from asyncrl.launch.processes import KILL_WAIT_SECONDS, free_port, stop_process_groups
 from asyncrl.local.agents import LocalAgents
 from asyncrl.local.report import RunTally, header
 from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.plot import plot_hint
-from asyncrl.testing.controlplane import free_port
 from asyncrl.trainer.failures import EXIT_CODES, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, PERMANENT_EXIT_CODES
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ logger = logging.getLogger(__name__)
 TRAINER_RESTARTS = 3
 GATEWAY_RESTARTS = 5  # per run; a gateway that keeps dying ends the run
 STOP_GRACE_SECONDS = 3.0  # SIGTERM, then SIGKILL: Ctrl-C ends everything within seconds, also under load
-KILL_WAIT_SECONDS = 5.0
 RUN_MARKER_ENV_VAR = "ASYNCRL_LOCAL_RUN"
 
 
@@ -105,58 +104,6 @@ class _Process:
     @property
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.returncode
-
-
-async def stop_process_groups(pids: list[int], *, grace_seconds: float) -> list[int]:
-    """SIGTERM these process groups together, SIGKILL what is left after the grace; return those still alive.
-
-    Each process of the run leads its own group (it started a new session), so a group holds the process and
-    everything it started. All groups get the signal at once: stopping takes one grace, not one per process.
-    """
-    for pid in pids:
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids):
-        await asyncio.sleep(0.05)
-    for pid in pids:
-        if _group_alive(pid):
-            _signal_group(pid, signal.SIGKILL)
-    deadline = time.monotonic() + KILL_WAIT_SECONDS
-    while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids):
-        await asyncio.sleep(0.05)
-    return [pid for pid in pids if _group_alive(pid)]
-
-
-def _signal_group(pid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
-
-
-def _group_alive(pid: int) -> bool:
-    """Whether any process of the group is still running (an unreaped leader counts until reaped)."""
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid) or _group_has_other_members(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _group_has_other_members(pgid: int) -> bool:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(stat.parent.name) != pgid and int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
 
 
 class RunFailed(RuntimeError):

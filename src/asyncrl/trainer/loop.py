@@ -42,7 +42,8 @@ from asyncrl.trainer.metrics import MetricsSinks, spread
 from asyncrl.trainer.prefetch import DEFAULT_BATCH_ROLLOUTS, PrefetchTotals, RolloutsMissing, RowPrefetcher
 from asyncrl.trainer.recovery import groups_of, plan_resync
 from asyncrl.trainer.rows import TrainingRow
-from asyncrl.trainer.window import Group, RolloutWindow, WindowConfig
+from asyncrl.trainer.window import Group, RolloutWindow
+from asyncrl.window_config import WindowConfig
 
 logger = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from asyncrl.api.types.rules import (
     immutable_rules,
 )
 from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
-from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
 from asyncrl.pausing import DrainPolicy, PauseMode
-from asyncrl.trainer.window import StalenessPolicy, WindowConfig
+from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
+from asyncrl.window_config import StalenessPolicy, WindowConfig
 
 
 class ConfigMapKeyRef(ApiModel):
