@@ -45,7 +45,7 @@ def test_the_tree_keeps_every_layer_contract() -> None:
         ("rollouts.py", "asyncrl.api", "The shared vocabulary is a leaf"),
         ("operator/status.py", "asyncrl.trainer.window", "The operator and the trainer never import"),
         ("trainer/window.py", "asyncrl.operator.names", "The operator and the trainer never import"),
-        ("local/run.py", "asyncrl.testing.controlplane", "Nothing outside the tests imports the test harness"),
+        ("local/run.py", "asyncrl.testing.controlplane", "Nothing outside the tests imports the test"),
         ("gateway/pause.py", "asyncrl.gateway.client", "The gateway imports no client of itself"),
     ],
 )

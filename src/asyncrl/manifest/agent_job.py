@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from asyncrl.agent import AgentEnvironment
+from asyncrl.agent import ENV_KEY, AgentEnvironment
 from asyncrl.api import AsyncTrainingRun, InvalidRunError
 from asyncrl.gateway.models import RolloutView
 from asyncrl.manifest.files import ManifestError, read_manifest
@@ -191,7 +191,7 @@ async def render_agent_job(
         attempt_id=names.ATTEMPT_ID,
         mode=rollout.mode,
     ).as_env()
-    agent_env["AGL_KEY"] = PLACEHOLDER_KEY
+    agent_env[ENV_KEY] = PLACEHOLDER_KEY
     return shape_agent_job(
         rendered,
         settings=AgentJobSettings(

@@ -18,6 +18,7 @@ import yaml
 
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types.spec import RESTRICTED_SECURITY_CONTEXT, ResourceRequirements, TrainerBackend
+from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.gateway.sampling import sampling_args
 from asyncrl.operator import names
 from asyncrl.operator.pod_template import MergedPodTemplate, merge_pod_template
@@ -179,7 +180,7 @@ def trainer_job_with_template(
     }
     env: list[JSON] = [
         {
-            "name": "ASYNCRL_GATEWAY_KEY",
+            "name": KEY_ENV_VAR,
             "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}},
         },
         {"name": "WANDB_MODE", "value": spec.logging.wandb.mode.wandb_mode},
