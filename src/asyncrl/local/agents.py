@@ -118,7 +118,7 @@ class LocalAgents:
 
     async def _follow_gateway_instance(self) -> None:
         """Stop the agents of rollouts a restarted gateway no longer holds (they could only fail)."""
-        instance_id = str((await self.gateway.stats())["instance_id"])
+        instance_id = (await self.gateway.stats()).instance_id
         if self._instance_id is not None and instance_id != self._instance_id:
             orphaned = [task for task, instance in self._tasks.items() if instance != instance_id]
             for task in orphaned:

@@ -30,7 +30,6 @@ import yaml
 from asyncrl.api import AsyncTrainingRun, InvalidRunError
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
-from asyncrl.gateway.models import TrainerReport
 from asyncrl.gateway.sampling import sampling_args
 from asyncrl.launch.processes import KILL_WAIT_SECONDS, free_port, stop_process_groups
 from asyncrl.local.agents import LocalAgents
@@ -361,8 +360,9 @@ async def _trainer_reason(trainer: _Process, gateway: GatewayClient) -> str:
     """Why the trainer stopped: the report it left with the gateway, else the last line of its log."""
     with contextlib.suppress(Exception):
         stats = await asyncio.wait_for(gateway.stats(), timeout=5.0)
-        report = TrainerReport.model_validate(stats["trainer_report"])
-        if EXIT_CODES[report.outcome] == trainer.returncode:  # not an earlier attempt's report
+        report = stats.trainer_report
+        # Not an earlier attempt's report:
+        if report is not None and EXIT_CODES[report.outcome] == trainer.returncode:
             return f"{report.message} (more in {trainer.log_path})"
     return f"{_last_line(trainer.log_path)} (more in {trainer.log_path})"
 

@@ -48,7 +48,7 @@ import httpx
 from asyncrl.agent import AgentEnvironment
 from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, Phase
 from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import LaunchTotals, RolloutView, TrainerOutcome, TrainerReport
+from asyncrl.gateway.models import GatewayStats, LaunchTotals, RolloutView, TrainerOutcome, TrainerReport
 from asyncrl.operator import names
 from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
 from asyncrl.operator.children import owner_reference
@@ -70,6 +70,7 @@ from asyncrl.operator.retry import (
 from asyncrl.operator.status import RunObservation, next_status
 from asyncrl.operator.templates import TemplateError, rollout_variables
 from asyncrl.rollouts import RolloutState
+from asyncrl.window_summary import WindowSummary
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +139,8 @@ class RunController:
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
         self._dirty = asyncio.Event()
         self._capacity = asyncio.Event()
-        self._summary: dict[str, Any] | None = None
-        self._rollout_counts: dict[str, int] | None = None
+        self._summary: WindowSummary | None = None
+        self._rollout_counts: dict[RolloutState, int] | None = None
         self._trainer_report: TrainerReport | None = None
         self._stopped_for_failure = False
         self._status = AsyncTrainingRunStatus.model_validate(context.run.get("status") or {})
@@ -224,12 +225,9 @@ class RunController:
             call, is_transient=kube_error_is_transient, what=what, backoff=KUBE_BACKOFF, deadline_seconds=60
         )
 
-    async def _read_gateway_stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = await self._gateway_call(self.gateway.stats)
-        await self._observe_gateway(
-            str(stats.get("instance_id") or ""),
-            LaunchTotals.model_validate(stats.get("launches") or {"launched": 0, "failed": 0}),
-        )
+    async def _read_gateway_stats(self) -> GatewayStats:
+        stats = await self._gateway_call(self.gateway.stats)
+        await self._observe_gateway(stats.instance_id, stats.launches)
         return stats
 
     def _job_counts(self) -> JobCountsSeen:
@@ -571,13 +569,13 @@ class RunController:
 
     async def _cancellation_loop(self) -> None:
         """Delete the Jobs of rollouts the gateway ended without them (stale groups, gateway timeouts)."""
-        cursor = int((await self._read_gateway_stats())["cursor"])
+        cursor = (await self._read_gateway_stats()).cursor
         self._gateway_restarted.clear()
         await self._delete_orphaned_jobs()
         while True:
             if self._gateway_restarted.is_set():
                 self._gateway_restarted.clear()
-                cursor = int((await self._read_gateway_stats())["cursor"])
+                cursor = (await self._read_gateway_stats()).cursor
                 await self._delete_orphaned_jobs()
             try:
                 page = await self._until_gateway_restart(
@@ -653,7 +651,7 @@ class RunController:
             )
             if summary is not None and summary.step != last_step:
                 last_step = summary.step
-                self._summary = summary.model_dump(mode="json")
+                self._summary = summary
                 self._dirty.set()
             # Now, while the gateway is surely up: counts, and a trainer report (which also ends the wait).
             report = self._trainer_report
@@ -666,17 +664,13 @@ class RunController:
             stats = await self.gateway.stats()
         except (httpx.TransportError, GatewayError):
             return
-        await self._observe_gateway(
-            str(stats.get("instance_id") or ""),
-            LaunchTotals.model_validate(stats.get("launches") or {"launched": 0, "failed": 0}),
-        )
+        await self._observe_gateway(stats.instance_id, stats.launches)
         # In flight now, and finished ever: the trainer deletes the rollouts it consumed.
         self._rollout_counts = {
-            **stats["finished_totals"],
-            **{state: stats["rollouts"][state] for state in ("queued", "running")},
+            **stats.finished_totals,
+            **{state: stats.rollouts.get(state, 0) for state in (RolloutState.QUEUED, RolloutState.RUNNING)},
         }
-        report = stats.get("trainer_report")
-        self._trainer_report = None if report is None else TrainerReport.model_validate(report)
+        self._trainer_report = stats.trainer_report
 
     async def _status_loop(self) -> None:
         last_write = 0.0

@@ -25,6 +25,7 @@ from enum import StrEnum
 
 from asyncrl.rollouts import RolloutState
 from asyncrl.window_config import StalenessPolicy, WindowConfig
+from asyncrl.window_summary import WindowSummary
 
 
 @dataclass
@@ -108,6 +109,25 @@ class StepSummary:
             proxy_inflight_at_pause=inflight_at_pause,
             proxy_drain_seconds=drain_seconds,
             proxy_aborted_calls=aborted_calls,
+        )
+
+    def window_summary(
+        self, *, active_groups: int, reward_mean: float | None, step_seconds: float | None
+    ) -> WindowSummary:
+        """What the gateway keeps for the operator and local mode: the same values, as typed fields."""
+        return WindowSummary(
+            step=self.step,
+            active_groups=active_groups,
+            carry_over_age_histogram={str(age): n for age, n in self.carry_over_age_histogram.items()},
+            prev_carry_over_rollouts=self.n_prev_carry_over_rollouts,
+            completed_rollouts=self.n_completed_rollouts,
+            new_carry_over_rollouts=self.n_new_carry_over_rollouts,
+            carry_over_age_max_steps=self.new_carry_over_age_max_steps,
+            proxy_inflight_at_pause=self.proxy_inflight_at_pause,
+            proxy_drain_seconds=self.proxy_drain_seconds,
+            proxy_aborted_calls=self.proxy_aborted_calls,
+            reward_mean=reward_mean,
+            step_seconds=step_seconds,
         )
 
     def metrics(self) -> dict[str, float]:

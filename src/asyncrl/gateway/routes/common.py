@@ -44,15 +44,15 @@ class GatewayParts:
     def key(self) -> str:
         return self.config.key.get_secret_value()
 
-    def pause_json(self, **extra: Any) -> dict[str, Any]:
-        """The pause state as the pause routes and /api/stats answer it."""
+    def pause_fields(self) -> dict[str, Any]:
+        """The pause state's fields (of `PauseView`) as the pause routes and /api/stats answer them."""
         pause, proxy = self.pause, self.proxy
         state: dict[str, Any] = {**pause.snapshot().as_json(), "model_version": pause.model_version}
         if self.config.pause_mode is PauseMode.HOLD:  # Reject mode's state stays the seed's, byte for byte
-            state["pause_mode"] = self.config.pause_mode.value
+            state["pause_mode"] = self.config.pause_mode
             state["held"] = len(proxy.held)
             state["held_oldest_seconds"] = round(proxy.held.oldest_wait_seconds(), 3)
-        return {**state, **extra}
+        return state
 
     def rollout(self, rollout_id: str) -> Rollout:
         """The stored rollout, or 404 naming it."""

@@ -13,10 +13,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from asyncrl.gateway.models import CompletionPage, TrainerReport, WindowSummary
+from asyncrl.gateway.models import CompletionPage, GatewayStats, TrainerReport, WindowSummary
 from asyncrl.gateway.routes.common import ApiError, GatewayParts, management
 from asyncrl.gateway.store import FeedGap
 from asyncrl.rollouts import RolloutState
+
+TERMINAL_ORDER = tuple(state for state in RolloutState if state.is_terminal)
 
 
 def feeds_router(parts: GatewayParts) -> APIRouter:
@@ -26,21 +28,15 @@ def feeds_router(parts: GatewayParts) -> APIRouter:
     @router.get("/api/stats")
     async def stats() -> dict[str, Any]:
         """Rollouts by state now and finished ever (consumed ones get deleted), feed cursor, pause state."""
-        counts = {state.value: count for state, count in store.counts_by_state().items()}
-        totals = {
-            state.value: store.finished_totals.get(state, 0) for state in RolloutState if state.is_terminal
-        }
-        return {
-            "instance_id": store.instance_id,
-            "rollouts": counts,
-            "finished_totals": totals,
-            "launches": store.launch_totals.model_dump(mode="json"),
-            "cursor": store.feed_cursor,
-            "trainer_report": (
-                None if store.trainer_report is None else store.trainer_report.model_dump(mode="json")
-            ),
-            **parts.pause_json(),
-        }
+        return GatewayStats(
+            instance_id=store.instance_id,
+            rollouts=store.counts_by_state(),
+            finished_totals={state: store.finished_totals.get(state, 0) for state in TERMINAL_ORDER},
+            launches=store.launch_totals,
+            cursor=store.feed_cursor,
+            trainer_report=store.trainer_report,
+            **parts.pause_fields(),
+        ).wire()
 
     @router.put("/api/trainer/report")
     async def put_trainer_report(report: TrainerReport) -> TrainerReport:

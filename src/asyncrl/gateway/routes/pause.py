@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
 
-from asyncrl.gateway.models import PauseRequest, ResumeRequest, UpstreamsUpdate, UpstreamsView
+from asyncrl.gateway.models import PauseRequest, PauseView, ResumeRequest, UpstreamsUpdate, UpstreamsView
 from asyncrl.gateway.routes.common import GatewayParts, management
 
 DrainWait = Annotated[float | None, Query(ge=0, le=3600, description="Wait this long for the drain.")]
@@ -19,6 +19,9 @@ DrainWait = Annotated[float | None, Query(ge=0, le=3600, description="Wait this 
 def pause_router(parts: GatewayParts) -> APIRouter:
     router = APIRouter(dependencies=[management(parts)])
     pause, proxy, metrics = parts.pause, parts.proxy, parts.metrics
+
+    async def view(wait: float | None = None) -> dict[str, Any]:
+        return PauseView(**parts.pause_fields(), **await drain_fields(wait)).wire()
 
     async def drain_fields(wait: float | None) -> dict[str, Any]:
         if wait is None:
@@ -42,18 +45,18 @@ def pause_router(parts: GatewayParts) -> APIRouter:
         if request.abort:
             pause.abort_inflight()
         metrics.paused.set(1)
-        return parts.pause_json(**await drain_fields(wait))
+        return await view(wait)
 
     @router.post("/proxy/resume")
     async def resume_route(request: Annotated[ResumeRequest | None, Body()] = None) -> dict[str, Any]:
         pause.resume(model_version=(request or ResumeRequest()).model_version)
         metrics.paused.set(0)
         proxy.release_held()  # in arrival order; each is forwarded when its handler runs next
-        return parts.pause_json()
+        return await view()
 
     @router.get("/proxy/state")
     async def state_route(wait: DrainWait = None) -> dict[str, Any]:
-        return parts.pause_json(**await drain_fields(wait))
+        return await view(wait)
 
     def upstreams_view() -> UpstreamsView:
         return UpstreamsView(upstreams=list(proxy.upstreams.urls), model=proxy.model)
