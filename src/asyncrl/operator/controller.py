@@ -142,6 +142,7 @@ class RunController:
         self._summary: WindowSummary | None = None
         self._rollout_counts: dict[RolloutState, int] | None = None
         self._trainer_report: TrainerReport | None = None
+        self._stats_read_at = -float("inf")  # monotonic time of the last stats read
         self._stopped_for_failure = False
         self._status = AsyncTrainingRunStatus.model_validate(context.run.get("status") or {})
         self._written: dict[str, Any] | None = None
@@ -664,6 +665,7 @@ class RunController:
             stats = await self.gateway.stats()
         except (httpx.TransportError, GatewayError):
             return
+        self._stats_read_at = time.monotonic()
         await self._observe_gateway(stats.instance_id, stats.launches)
         # In flight now, and finished ever: the trainer deletes the rollouts it consumed.
         self._rollout_counts = {
@@ -682,7 +684,9 @@ class RunController:
             await asyncio.sleep(max(0.0, last_write + STATUS_MIN_INTERVAL_SECONDS - time.monotonic()))
 
     async def _write_status(self) -> None:
-        if self.gateway_reachable:
+        # One stats read per cycle: the summary loop's, when it just read them (and woke this write).
+        fresh = time.monotonic() - self._stats_read_at < STATUS_MIN_INTERVAL_SECONDS
+        if self.gateway_reachable and not fresh:
             await self._refresh_rollout_counts()
         counts = self._job_counts()
         observation = RunObservation(
