@@ -21,7 +21,8 @@ def pause_router(parts: GatewayParts) -> APIRouter:
     pause, proxy, metrics = parts.pause, parts.proxy, parts.metrics
 
     async def view(wait: float | None = None) -> dict[str, Any]:
-        return PauseView(**parts.pause_fields(), **await drain_fields(wait)).wire()
+        drain = await drain_fields(wait)  # first: the state is the one after the drain wait
+        return PauseView(**parts.pause_fields(), **drain).wire()
 
     async def drain_fields(wait: float | None) -> dict[str, Any]:
         if wait is None:
