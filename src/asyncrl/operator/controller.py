@@ -1,11 +1,13 @@
 """The per-run controller: queued rollouts become agent Jobs, Job outcomes reach the gateway, status is kept.
 
-One instance per run, started by the operator for each run it sees. Four loops, none of them polling:
+One instance per run, started by the operator for each run it sees. `RunController` is the rollout-Job
+supervisor; it owns the status writer (`status_writer.py`) and tells it when something it observed changed.
+Five loops, none of them polling:
 - claim: long-polls the gateway for queued rollouts and launches one Job each (rate-limited, capped),
 - reports: applies Job watch events (delivered by the namespace's one label-selected watch) to the gateway,
 - cancellations: follows the gateway's completion feed and deletes the Jobs of cancelled/timed-out rollouts,
-- status: long-polls the trainer's window summary and writes the run's status when it changed, at most once
-  per second.
+- summary and status (the writer's): long-poll the trainer's window summary, read the stats once per cycle,
+  and write the run's status when it changed, at most once per second.
 
 At-most-once launches, whatever the Jobs' TTL. The gateway's rollout record is the launch record: before
 creating a Job the controller calls `POST /api/rollouts/{id}/launch` with a fresh launch id. The gateway marks
@@ -40,15 +42,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import httpx
-
 from asyncrl.agent import AgentEnvironment
-from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, Phase
+from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import GatewayStats, LaunchTotals, RolloutView, TrainerOutcome, TrainerReport
+from asyncrl.gateway.models import GatewayStats, LaunchTotals, RolloutView
 from asyncrl.operator import names
 from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
 from asyncrl.operator.children import owner_reference
@@ -67,16 +66,14 @@ from asyncrl.operator.retry import (
     one_line_reason,
     retry_transient,
 )
-from asyncrl.operator.status import RunObservation, next_status
+from asyncrl.operator.status_writer import StatusWriter
 from asyncrl.operator.templates import TemplateError, rollout_variables
 from asyncrl.rollouts import RolloutState
-from asyncrl.window_summary import WindowSummary
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-STATUS_MIN_INTERVAL_SECONDS = 1.0
 GATEWAY_BACKOFF = Backoff(first_seconds=0.5, max_seconds=5.0)  # the gateway may be starting: wait it out
 KUBE_BACKOFF = Backoff(first_seconds=0.5, max_seconds=10.0)
 CREATE_JOB_DEADLINE_SECONDS = 120.0  # transient API errors longer than this fail the rollout
@@ -137,17 +134,13 @@ class RunController:
         self.fatal_error: str | None = None  # set: the run is Failed with this message
         self.gateway_reachable = False
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
-        self._dirty = asyncio.Event()
         self._capacity = asyncio.Event()
-        self._summary: WindowSummary | None = None
-        self._rollout_counts: dict[RolloutState, int] | None = None
-        self._trainer_report: TrainerReport | None = None
-        self._stats_read_at = -float("inf")  # monotonic time of the last stats read
         self._stopped_for_failure = False
-        self._status = AsyncTrainingRunStatus.model_validate(context.run.get("status") or {})
-        self._written: dict[str, Any] | None = None
+        self.status_writer = StatusWriter(
+            context, supervisor=self, kube=kube, gateway=self.gateway, metrics=metrics
+        )
         # The Job counters: never below what the stored status showed, then derived from the gateway.
-        stored = self._status.jobs
+        stored = self.status_writer.status.jobs
         self._shown = JobCountsSeen(
             created=(stored.created if stored else 0) or 0, failed=(stored.failed if stored else 0) or 0
         )
@@ -171,7 +164,7 @@ class RunController:
         self.context.spec = spec
         self.limiter.per_minute = spec.agents.max_jobs_per_minute
         self._capacity.set()
-        self._dirty.set()
+        self.status_writer.changed()
 
     async def run(self) -> None:
         """Run until cancelled (the run was deleted, or the operator stops)."""
@@ -180,8 +173,8 @@ class RunController:
             *([] if self.fatal_error else [self._claim_loop]),  # an invalid template launches nothing
             self._report_loop,
             self._cancellation_loop,
-            self._summary_loop,
-            self._status_loop,
+            self.status_writer.summary_loop,
+            self.status_writer.status_loop,
         ]
         tasks: list[asyncio.Task[None]] = [
             asyncio.create_task(loop(), name=f"{self.context.name}:{loop.__name__}") for loop in loops
@@ -199,7 +192,7 @@ class RunController:
 
     # -- the gateway: calls, instance, counters -----------------------------------------------------------
 
-    async def _gateway_call(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def gateway_call(self, call: Callable[[], Awaitable[T]]) -> T:
         """Call the gateway, waiting out its absence (the trainer pod is starting or restarting) and its
         transient errors with backoff; a 4xx raises `GatewayError`."""
 
@@ -207,7 +200,7 @@ class RunController:
             if self.gateway_reachable:
                 logger.info("run %s: gateway unreachable: %s", self.context.name, one_line_reason(error))
                 self.gateway_reachable = False
-                self._dirty.set()
+                self.status_writer.changed()
 
         result = await retry_transient(
             call,
@@ -218,7 +211,7 @@ class RunController:
         )
         if not self.gateway_reachable:
             self.gateway_reachable = True
-            self._dirty.set()  # the status loop reads the stats next, which notices a restarted gateway
+            self.status_writer.changed()  # the writer reads the stats next, which notices a restarted gateway
         return result
 
     async def _kube_call(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
@@ -227,16 +220,24 @@ class RunController:
         )
 
     async def _read_gateway_stats(self) -> GatewayStats:
-        stats = await self._gateway_call(self.gateway.stats)
-        await self._observe_gateway(stats.instance_id, stats.launches)
+        stats = await self.gateway_call(self.gateway.stats)
+        await self.observe_gateway(stats.instance_id, stats.launches)
         return stats
 
-    def _job_counts(self) -> JobCountsSeen:
+    def job_counts(self) -> JobCountsSeen:
         if self._launch_totals is None:
             return self._shown
         return self._ledger.counts(self._launch_totals, at_least=self._shown)
 
-    async def _observe_gateway(self, instance_id: str, totals: LaunchTotals) -> None:
+    def counts_shown(self, counts: JobCountsSeen) -> None:
+        """The counts a status just written shows: the counters never go below them."""
+        self._shown = counts
+
+    @property
+    def active_jobs(self) -> int:
+        return len(self.jobs.active)
+
+    async def observe_gateway(self, instance_id: str, totals: LaunchTotals) -> None:
         """Take the gateway's launch totals; on a new gateway instance, rebase the counters and start over."""
         async with self._gateway_lock:
             if instance_id == self._gateway_instance:
@@ -244,7 +245,7 @@ class RunController:
                     self._launch_totals = totals  # answers may arrive out of order: keep the newest
                 return
             previous = self._gateway_instance
-            shown = self._job_counts()  # with the old instance's totals, before switching
+            shown = self.job_counts()  # with the old instance's totals, before switching
             ledger = self._ledger.for_instance(instance_id, totals, shown=shown)
             self._shown = shown
             self._gateway_instance = instance_id
@@ -270,7 +271,7 @@ class RunController:
                     warning=True,
                 )
             self._gateway_known.set()
-            self._dirty.set()
+            self.status_writer.changed()
 
     async def _persist_ledger(self) -> None:
         patch = {ANNOTATION_LEDGER: self._ledger.to_annotation()}
@@ -298,7 +299,7 @@ class RunController:
             # with one active operator per run, a lease still held at our start belongs to a claimer that is
             # gone. Launched rollouts are never offered, leased or not.
             takeover, self._takeover = self._takeover, False
-            claimed: list[RolloutView] = await self._gateway_call(
+            claimed: list[RolloutView] = await self.gateway_call(
                 functools.partial(
                     self.gateway.claim, limit=50, wait_seconds=30, lease_seconds=120, takeover=takeover
                 )
@@ -309,7 +310,7 @@ class RunController:
 
     async def _resolve_vanished_launches(self) -> None:
         """Launched unfinished rollouts whose Job is gone (it ended unwatched): end them, never rerun."""
-        rollouts, _ = await self._gateway_call(self.gateway.list_rollouts)
+        rollouts, _ = await self.gateway_call(self.gateway.list_rollouts)
         launched = [r for r in rollouts if r.launched_at is not None and not r.state.is_terminal]
         if not launched:
             return
@@ -400,16 +401,16 @@ class RunController:
         self.limiter.record(time.monotonic())
         self.jobs.active.add(job_name)
         self.metrics.jobs_created.inc()
-        self._dirty.set()
+        self.status_writer.changed()
         if self.template_error is not None:
             self.template_error = None
-            self._dirty.set()
+            self.status_writer.changed()
 
     async def _record_launch(self, rollout: RolloutView, job: JSON) -> bool:
         """Mark the rollout launched in the gateway (the launch record) and stamp the Job with it."""
         launch_id = uuid.uuid4().hex
         try:
-            receipt = await self._gateway_call(
+            receipt = await self.gateway_call(
                 functools.partial(self.gateway.launch, rollout.rollout_id, launch_id=launch_id)
             )
         except GatewayError as error:
@@ -418,7 +419,7 @@ class RunController:
                 "run %s rollout %s: not launched: %s", self.context.name, rollout.rollout_id, error.error
             )
             return False
-        await self._observe_gateway(receipt.instance_id, receipt.totals)
+        await self.observe_gateway(receipt.instance_id, receipt.totals)
         annotations = job["metadata"].setdefault("annotations", {})
         annotations[ANNOTATION_LAUNCH_ID] = launch_id
         annotations[ANNOTATION_GATEWAY_INSTANCE] = receipt.instance_id
@@ -487,7 +488,7 @@ class RunController:
             return
         logger.warning("run %s: %s", context.name, reason)
         self.metrics.errors.labels("template").inc()
-        if self._status.message != reason:  # not again after an operator restart
+        if self.status_writer.status.message != reason:  # not again after an operator restart
             await self.kube.post_event(context.run, reason="AgentTemplateError", message=reason, warning=True)
         self.template_error = self.fatal_error = reason
 
@@ -499,7 +500,7 @@ class RunController:
                 self.context.run, reason="AgentTemplateError", message=reason, warning=True
             )
         self.template_error = reason
-        self._dirty.set()
+        self.status_writer.changed()
         await self._transition(rollout.rollout_id, RolloutState.FAILED, f"agent template: {reason}")
 
     # -- Job watch events → gateway -----------------------------------------------------------------------
@@ -511,7 +512,7 @@ class RunController:
             component = (job["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT)
             if component == names.COMPONENT_TRAINER:
                 self.trainer_job = None if event_type == "DELETED" else job
-                self._dirty.set()
+                self.status_writer.changed()
                 continue
             await self._report_agent_job(event_type, job)
 
@@ -533,7 +534,7 @@ class RunController:
                 self._capacity.set()
         else:
             self.jobs.active.add(name)
-        self._dirty.set()
+        self.status_writer.changed()
         instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
         if instance is not None and instance != self._gateway_instance:
             return  # launched through a gateway that restarted since: its rollout is gone with it
@@ -551,7 +552,7 @@ class RunController:
 
     async def _transition(self, rollout_id: str, state: RolloutState, message: str | None) -> None:
         try:
-            await self._gateway_call(
+            await self.gateway_call(
                 lambda: self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
             )
         except GatewayError as error:
@@ -580,7 +581,7 @@ class RunController:
                 await self._delete_orphaned_jobs()
             try:
                 page = await self._until_gateway_restart(
-                    self._gateway_call(
+                    self.gateway_call(
                         functools.partial(self.gateway.completions, after=cursor, wait_seconds=30)
                     )
                 )
@@ -633,7 +634,7 @@ class RunController:
                 await self.kube.delete_job(self.context.namespace, job["metadata"]["name"])
                 continue
             try:
-                rollout = await self._gateway_call(functools.partial(self.gateway.get_rollout, rollout_id))
+                rollout = await self.gateway_call(functools.partial(self.gateway.get_rollout, rollout_id))
             except GatewayError as error:
                 if error.status != 404:
                     raise
@@ -643,100 +644,14 @@ class RunController:
 
     # -- status -------------------------------------------------------------------------------------------
 
-    async def _summary_loop(self) -> None:
-        last_step: int | None = None
-        while True:
-            after_step = -1 if last_step is None else last_step
-            summary = await self._gateway_call(
-                functools.partial(self.gateway.summary, after_step=after_step, wait_seconds=30)
-            )
-            if summary is not None and summary.step != last_step:
-                last_step = summary.step
-                self._summary = summary
-                self._dirty.set()
-            # Now, while the gateway is surely up: counts, and a trainer report (which also ends the wait).
-            report = self._trainer_report
-            await self._refresh_rollout_counts()
-            if self._trainer_report != report:
-                self._dirty.set()
-
-    async def _refresh_rollout_counts(self) -> None:
-        try:  # one attempt: the status must not wait for an absent gateway
-            stats = await self.gateway.stats()
-        except (httpx.TransportError, GatewayError):
-            return
-        self._stats_read_at = time.monotonic()
-        await self._observe_gateway(stats.instance_id, stats.launches)
-        # In flight now, and finished ever: the trainer deletes the rollouts it consumed.
-        self._rollout_counts = {
-            **stats.finished_totals,
-            **{state: stats.rollouts.get(state, 0) for state in (RolloutState.QUEUED, RolloutState.RUNNING)},
-        }
-        self._trainer_report = stats.trainer_report
-
-    async def _status_loop(self) -> None:
-        last_write = 0.0
-        while True:
-            await self._write_status()
-            last_write = time.monotonic()
-            self._dirty.clear()
-            await self._dirty.wait()
-            await asyncio.sleep(max(0.0, last_write + STATUS_MIN_INTERVAL_SECONDS - time.monotonic()))
-
-    async def _write_status(self) -> None:
-        # One stats read per cycle: the summary loop's, when it just read them (and woke this write).
-        fresh = time.monotonic() - self._stats_read_at < STATUS_MIN_INTERVAL_SECONDS
-        if self.gateway_reachable and not fresh:
-            await self._refresh_rollout_counts()
-        counts = self._job_counts()
-        observation = RunObservation(
-            generation=int(self.context.run["metadata"].get("generation") or 0),
-            suspended=self.context.spec.suspend,
-            trainer_job=self.trainer_job,
-            gateway_reachable=self.gateway_reachable,
-            summary=self._summary,
-            rollout_counts=self._rollout_counts,
-            jobs_active=len(self.jobs.active),
-            jobs_created=counts.created,
-            jobs_failed=counts.failed,
-            template_error=self.template_error,
-            fatal_error=self.fatal_error or self._trainer_fatal_error(),
-            trainer_error=self._trainer_error(),
-        )
-        status = next_status(self._status, observation, now=datetime.now(UTC))
-        self.metrics.observe_run(namespace=self.context.namespace, name=self.context.name, status=status)
-        payload = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if payload == self._written:
-            return
-        if status.phase != self._status.phase:
-            await self.kube.post_event(
-                self.context.run, reason=f"Phase{status.phase}", message=status.message or str(status.phase)
-            )
-        await self.kube.patch_run_status(self.context.namespace, self.context.name, payload)
-        self.metrics.status_writes.inc()
-        self._status = status
-        self._written = payload
-        self._shown = counts
-        if status.phase is Phase.FAILED and not self._stopped_for_failure:
-            await self._stop_failed_run()
-
-    def _trainer_fatal_error(self) -> str | None:
-        report = self._trainer_report
-        if report is None or not report.outcome.is_permanent:
-            return None
-        what = "configuration error" if report.outcome is TrainerOutcome.CONFIG_ERROR else "run failed"
-        return f"the trainer stopped ({what}): {report.message}"
-
-    def _trainer_error(self) -> str | None:
-        report = self._trainer_report
-        return None if report is None or report.outcome.is_permanent else report.message
-
-    async def _stop_failed_run(self) -> None:
+    async def stop_failed_run(self) -> None:
         """A failed run stops: no restarts of a trainer that cannot succeed, no agents left running.
 
         The trainer Job is suspended (its pod ends, the Job and its events stay for inspection) and the
         active agent Jobs are deleted; the claim loop launches nothing more.
         """
+        if self._stopped_for_failure:
+            return
         self._stopped_for_failure = True
         self._capacity.clear()
         namespace = self.context.namespace
