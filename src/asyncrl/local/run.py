@@ -30,7 +30,7 @@ import yaml
 from asyncrl.api import AsyncTrainingRun, InvalidRunError
 from asyncrl.gateway.client import GatewayClient
 from asyncrl.gateway.config import KEY_ENV_VAR
-from asyncrl.gateway.sampling import sampling_args
+from asyncrl.launch.commands import gateway_args, trainer_args
 from asyncrl.launch.processes import KILL_WAIT_SECONDS, free_port, stop_process_groups
 from asyncrl.local.agents import LocalAgents
 from asyncrl.local.report import RunTally, header
@@ -190,28 +190,21 @@ async def run_locally(args: argparse.Namespace) -> int:
     # pick their own ports), so the gateway starts without an upstream.
     gateway = _Process(
         "gateway",
-        [
-            *cli,
-            "gateway",
-            f"--port={gateway_port}",
-            f"--model={run.spec.model.name}",
-            *run.spec.gateway.pause_flags(),
-            *sampling_args(run.spec.gateway.sampling_params, run.spec.trainer.rollout_sampling()),
-            "--log-level=warning",
-        ],
+        [*cli, "gateway", *gateway_args(run.spec, port=gateway_port), "--log-level=warning"],
         env,
         work_dir / "gateway.log",
     )
     trainer_argv = [
         *cli,
         "trainer",
-        f"--config={work_dir / 'run.yaml'}",
-        f"--gateway-url={gateway_url}",
-        f"--checkpoint-dir={work_dir / 'checkpoints'}",
-        f"--wandb-dir={work_dir}",
+        *trainer_args(
+            config=work_dir / "run.yaml",
+            gateway_url=gateway_url,
+            checkpoint_dir=work_dir / "checkpoints",
+            wandb_dir=work_dir,
+            metrics_file=args.metrics_file,
+        ),
     ]
-    if args.metrics_file is not None:
-        trainer_argv.append(f"--metrics-file={args.metrics_file}")
     trainer = _Process("trainer", trainer_argv, env, work_dir / "trainer.log")
     out = sys.stdout
     out.write(f"asyncrl local run {name}: logs in {work_dir}/ (gateway.log, trainer.log, agents/)\n")

@@ -44,12 +44,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from asyncrl.agent import AgentEnvironment
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.models import GatewayStats, LaunchTotals, RolloutView
 from asyncrl.operator import names
-from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
+from asyncrl.operator.agent_jobs import AgentJobSettings, agent_launch, shape_agent_job
 from asyncrl.operator.children import owner_reference
 from asyncrl.operator.job_state import rollout_state_of_job
 from asyncrl.operator.kube import JSON, Kube
@@ -67,7 +66,7 @@ from asyncrl.operator.retry import (
     retry_transient,
 )
 from asyncrl.operator.status_writer import StatusWriter
-from asyncrl.operator.templates import TemplateError, rollout_variables
+from asyncrl.operator.templates import TemplateError
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
@@ -360,25 +359,19 @@ class RunController:
     async def _launch(self, rollout: RolloutView) -> None:
         context = self.context
         job_name = names.agent_job_name(context.name, rollout.rollout_id)
-        variables = rollout_variables(
+        launch = agent_launch(
             rollout,
-            attempt_id=ATTEMPT_ID,
-            job_name=job_name,
             run_name=context.name,
             namespace=context.namespace,
+            job_name=job_name,
+            gateway_url=context.agent_gateway_url,
+            gateway_key=context.gateway_key,
         )
         try:
-            rendered = await self.renderer.render(context.template_source, variables)
+            rendered = await self.renderer.render(context.template_source, launch.variables)
         except TemplateError as error:
             await self._template_failed(rollout, str(error))
             return
-        agent_env = AgentEnvironment.for_rollout(
-            gateway_url=context.agent_gateway_url,
-            gateway_key=context.gateway_key,
-            rollout_id=rollout.rollout_id,
-            attempt_id=ATTEMPT_ID,
-            mode=rollout.mode,
-        )
         settings = AgentJobSettings(
             run_name=context.name,
             namespace=context.namespace,
@@ -392,7 +385,7 @@ class RunController:
             rollout_id=rollout.rollout_id,
             group_id=rollout.group_id,
             attempt_id=ATTEMPT_ID,
-            agent_env=agent_env.as_env(),
+            agent_env=launch.env,
         )
         if not await self._record_launch(rollout, job):
             return

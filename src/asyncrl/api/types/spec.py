@@ -545,15 +545,6 @@ class GatewaySpec(ApiModel):
         description="Gateway URL given to agents instead of the Service's, for agents that cannot reach it.",
     )
 
-    def pause_flags(self) -> list[str]:
-        """`asyncrl gateway` flags for these pause settings (the operator's sidecar and local mode)."""
-        return [
-            f"--retry-after-seconds={self.retry_after_seconds:.3f}",
-            f"--pause-mode={self.pause_mode.value.lower()}",
-            f"--hold-timeout-seconds={self.hold_timeout_seconds}",
-            f"--max-held-calls={self.max_held_calls}",
-        ]
-
 
 class AgentTemplateSpec(ApiModel):
     """The Jinja template of the batch/v1 Job run per rollout; its variables come from the row's input."""
