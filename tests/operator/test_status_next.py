@@ -12,9 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
-from asyncrl.operator.status import RunObservation, next_status, phase_of
+from asyncrl.operator.status import next_status, phase_of
 from asyncrl.rollouts import RolloutState
 from asyncrl.window_summary import WindowSummary
+from tests.operator.test_status_rules import RUNNING
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=1)
@@ -23,18 +24,7 @@ COMPLETE_JOB: dict[str, Any] = {"status": {"conditions": [{"type": "Complete", "
 FAILED_JOB: dict[str, Any] = {
     "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
 }
-BASE = RunObservation(
-    generation=2,
-    suspended=False,
-    trainer_job=ACTIVE_JOB,
-    gateway_reachable=True,
-    summary=None,
-    rollout_counts=None,
-    jobs_active=3,
-    jobs_created=10,
-    jobs_failed=1,
-    template_error=None,
-)
+BASE = replace(RUNNING, generation=2, jobs_active=3, jobs_created=10, jobs_failed=1)
 
 
 @pytest.mark.parametrize(
