@@ -1,6 +1,6 @@
 """The gateway's management and store API (FastAPI): the app, its error shape and request counting, and the
-routers by concern (`asyncrl.gateway.routes`: pause and upstreams, rollouts and events, feeds and summary,
-health and metrics).
+routers by concern (`asyncrl.gateway.routes`: pause and upstreams, rollouts and claims, events, feeds and
+summary, health and metrics).
 
 Off the hot path, so clarity wins here: typed request models and one error shape (`{"error": ..., ...}`).
 Model calls do not come through here: the ASGI front (`app.py`) sends them to the proxy directly.
@@ -22,6 +22,7 @@ from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState
 from asyncrl.gateway.proxy import ProxyHandler
 from asyncrl.gateway.routes.common import ApiError, GatewayParts
+from asyncrl.gateway.routes.events import events_router
 from asyncrl.gateway.routes.feeds import feeds_router
 from asyncrl.gateway.routes.health import health_router
 from asyncrl.gateway.routes.pause import pause_router
@@ -60,7 +61,7 @@ def build_api(
         metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
         return response
 
-    for router in (pause_router, rollouts_router, feeds_router, health_router):
+    for router in (pause_router, rollouts_router, events_router, feeds_router, health_router):
         app.include_router(router(parts))
     return app
 

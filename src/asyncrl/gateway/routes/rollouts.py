@@ -1,24 +1,19 @@
-"""The rollout store's routes: create, list, claim (long-poll), launch, transition, delete, and events.
+"""The rollout store's routes: create, list, claim (long-poll), launch, transition, delete.
 
-The trainer creates rollouts, the operator (or local mode) claims and launches them and reports their
-states, agents post their events with their own token, and the trainer reads the captured events back.
+The trainer creates rollouts; the operator (or local mode) claims and launches them and reports their states.
+The rollouts' events are `events.py`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
-from fastapi.responses import Response
 
-from asyncrl.gateway.capture import events_document
 from asyncrl.gateway.models import (
-    AgentEvent,
     ClaimRequest,
     DeleteRequest,
-    EventsBatchRequest,
     LaunchReceipt,
     LaunchRequest,
     RolloutCreate,
@@ -27,18 +22,14 @@ from asyncrl.gateway.models import (
 )
 from asyncrl.gateway.routes.common import ApiError, GatewayParts, management, rollout_access
 from asyncrl.gateway.store import (
-    EventRejected,
     RolloutConflict,
-    RolloutFinished,
-    RolloutNotFound,
-    UnknownAttempt,
 )
 from asyncrl.rollouts import RolloutState
 
 
 def rollouts_router(parts: GatewayParts) -> APIRouter:
     router = APIRouter()
-    store, metrics = parts.store, parts.metrics
+    store = parts.store
     Management = management(parts)
     OwnRollout = rollout_access(parts)
 
@@ -85,38 +76,6 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
     async def delete_rollouts(request: DeleteRequest) -> dict[str, int]:
         return {"deleted": store.delete(request.rollout_ids)}
 
-    @router.post("/api/rollouts/events", dependencies=[Management])
-    async def rollout_events_batch(request: EventsBatchRequest) -> Response:
-        """Many rollouts' events documents in one answer (see `EventsBatchRequest` for the shape and bounds).
-
-        Each document is built as the single-rollout route builds it, so one unreadable call or event never
-        fails the batch; the loop yields between documents so model calls keep flowing meanwhile.
-        """
-        documents: list[bytes] = []
-        missing: list[str] = []
-        omitted: list[str] = []
-        size = 0
-        for rollout_id in dict.fromkeys(request.rollout_ids):
-            if documents and size >= request.max_bytes:
-                omitted.append(rollout_id)
-                continue
-            try:
-                rollout = store.get(rollout_id)
-            except RolloutNotFound:
-                missing.append(rollout_id)
-                continue
-            document = events_document(rollout)
-            if documents and size + len(document) > request.max_bytes:
-                omitted.append(rollout_id)
-                size = request.max_bytes  # full: the rest are omitted without building their documents
-                continue
-            documents.append(document)
-            size += len(document)
-            await asyncio.sleep(0)
-        head = json.dumps({"instance_id": store.instance_id, "missing": missing, "omitted": omitted})
-        body = b'%s,"documents":[%s]}' % (head[:-1].encode(), b",".join(documents))
-        return Response(body, media_type="application/json")
-
     @router.get("/api/rollouts/{rollout_id}", dependencies=[OwnRollout])
     async def get_rollout(rollout_id: str) -> RolloutView:
         return parts.rollout(rollout_id).view()
@@ -144,28 +103,5 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
         return LaunchReceipt(
             rollout=rollout.view(), instance_id=store.instance_id, totals=store.launch_totals
         )
-
-    @router.get("/api/rollouts/{rollout_id}/events", dependencies=[Management])
-    async def rollout_events(rollout_id: str) -> Response:
-        return Response(events_document(parts.rollout(rollout_id)), media_type="application/json")
-
-    @router.post(
-        "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", status_code=201, dependencies=[OwnRollout]
-    )
-    async def post_event(rollout_id: str, attempt_id: str, event: AgentEvent) -> dict[str, Any]:
-        parts.rollout(rollout_id)
-        size = len(json.dumps(event.data))  # the body passed the door's limits, so this cannot fail
-        try:
-            store.record_event(rollout_id, attempt_id, event.event_type, event.data, size=size)
-        except RolloutFinished as error:
-            metrics.rejections.labels("rollout_finished").inc()
-            raise ApiError(409, str(error), rollout_id=rollout_id) from error
-        except UnknownAttempt as error:
-            metrics.rejections.labels("unknown_attempt").inc()
-            raise ApiError(404, str(error), rollout_id=rollout_id, attempt_id=attempt_id) from error
-        except EventRejected as error:
-            metrics.rejections.labels(error.reason).inc()
-            raise ApiError(error.status, str(error), field=error.field) from error
-        return {"rollout_id": rollout_id, "attempt_id": attempt_id, "event_type": event.event_type}
 
     return router
