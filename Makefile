@@ -34,6 +34,7 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/asyncrl crd --check
 
 pytest: setup control-plane

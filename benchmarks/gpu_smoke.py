@@ -40,15 +40,25 @@ from typing import Any
 
 import yaml
 
-from asyncrl.api.types.status import SEED_METRIC_FIELDS
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_smoke_check.py, beside this file
 from gpu_smoke_check import read_metrics, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart-local.yaml"
 
-SIX = tuple(SEED_METRIC_FIELDS)  # the seed's six window metrics, as the run's status carries them
+# The seed's window metrics under their W&B names (asyncrl.trainer.window.StepSummary.metrics).
+SIX = tuple(
+    f"training/async/{name}"
+    for name in (
+        "n_prev_carry_over_rollouts",
+        "n_completed_rollouts",
+        "n_new_carry_over_rollouts",
+        "new_carry_over_age_max_steps",
+        "proxy_inflight_at_pause",
+        "proxy_drain_seconds",
+        "proxy_aborted_calls",
+    )
+)
 TIMES = ("timing/step_seconds", "training/update/seconds", "training/reward_mean")
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.testing.controlplane import ControlPlane, ControlPlaneError, default_bin_dir, missing_binaries
 from asyncrl.testing.podrunner import PodRunner
-from asyncrl.testing.podspec import Image, ImageTable
 
 # Images the tests' pods may name; each maps to how the pod runner starts it on this machine.
 TEST_IMAGES = {

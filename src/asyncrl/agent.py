@@ -24,6 +24,11 @@ RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 DEFAULT_MAX_RETRIES = 120
 
 
+ENV_OPENAI_BASE_URL = "AGL_OPENAI_BASE_URL"
+ENV_EVENT_URL = "AGL_EVENT_URL"
+ENV_KEY = "AGL_KEY"
+
+
 class AgentEnvironmentError(RuntimeError):
     """The agent was started without the AGL_* variables the operator injects."""
 
@@ -37,14 +42,14 @@ class AgentEnvironment:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentEnvironment:
         environ = os.environ if environ is None else environ
-        names = ("AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY")
+        names = (ENV_OPENAI_BASE_URL, ENV_EVENT_URL, ENV_KEY)
         missing = [name for name in names if not environ.get(name)]
         if missing:
             raise AgentEnvironmentError(
                 f"missing {', '.join(missing)}: the operator (or `asyncrl local run`) sets these for each "
                 "rollout; to run an agent by hand, export them from a rollout created in the gateway"
             )
-        return cls(environ["AGL_OPENAI_BASE_URL"].rstrip("/"), environ["AGL_EVENT_URL"], environ["AGL_KEY"])
+        return cls(environ[ENV_OPENAI_BASE_URL].rstrip("/"), environ[ENV_EVENT_URL], environ[ENV_KEY])
 
     @classmethod
     def for_rollout(
@@ -52,17 +57,18 @@ class AgentEnvironment:
     ) -> AgentEnvironment:
         """What the operator and local mode give the agent of one rollout attempt."""
         from asyncrl.gateway.auth import agent_token
+        from asyncrl.gateway.paths import events_path, proxy_base_path
 
         base = gateway_url.rstrip("/")
-        rollout = f"{base}/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1"
-        events = f"{base}/api/rollouts/{rollout_id}/attempt/{attempt_id}/events"
+        rollout = base + proxy_base_path(rollout_id=rollout_id, attempt_id=attempt_id, mode=mode)
+        events = base + events_path(rollout_id=rollout_id, attempt_id=attempt_id)
         return cls(rollout, events, agent_token(gateway_key, rollout_id))
 
     def as_env(self) -> dict[str, str]:
         return {
-            "AGL_OPENAI_BASE_URL": self.openai_base_url,
-            "AGL_EVENT_URL": self.event_url,
-            "AGL_KEY": self.key,
+            ENV_OPENAI_BASE_URL: self.openai_base_url,
+            ENV_EVENT_URL: self.event_url,
+            ENV_KEY: self.key,
         }
 
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# What the gateway's store may hold by default (spec.gateway.maxCaptureBytesPerRollout / maxCaptureBytes).
+DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT = 64 * 1024 * 1024
+DEFAULT_MAX_CAPTURE_BYTES = 1024 * 1024 * 1024
+
 
 class CaptureMode(StrEnum):
     """What the gateway's store keeps of a captured model call besides its metadata."""

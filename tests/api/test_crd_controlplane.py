@@ -14,6 +14,7 @@ import pytest
 
 from asyncrl.api import AsyncTrainingRunStatus, InvalidRunError, Phase, load_run
 from asyncrl.api.types import GROUP, PLURAL, VERSION, JobCounts, RolloutCounts
+from asyncrl.window_summary import WindowSummary
 
 from .conftest import EXAMPLES, load_example
 
@@ -276,19 +277,17 @@ def test_status_is_written_through_the_status_subresource_and_shown_by_kubectl(
         jobs=JobCounts(active=7, created=48),
         start_time=now,
     ).with_window_summary(
-        {
-            "step": 3,
-            "metrics": {
-                "training/async/n_prev_carry_over_rollouts": 6,
-                "training/async/n_completed_rollouts": 4,
-                "training/async/n_new_carry_over_rollouts": 2,
-                "training/async/new_carry_over_age_max_steps": 2,
-                "training/async/proxy_inflight_at_pause": 1,
-                "training/async/proxy_drain_seconds": 0.75,
-            },
-            "carry_over_age_histogram": {"1": 1, "2": 1},
-            "active_groups": 4,
-        },
+        WindowSummary(
+            step=3,
+            prev_carry_over_rollouts=6,
+            completed_rollouts=4,
+            new_carry_over_rollouts=2,
+            carry_over_age_max_steps=2,
+            proxy_inflight_at_pause=1,
+            proxy_drain_seconds=0.75,
+            carry_over_age_histogram={"1": 1, "2": 1},
+            active_groups=4,
+        ),
         now=now,
     )
 

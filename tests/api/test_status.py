@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
@@ -18,30 +17,29 @@ from asyncrl.api.types import (
 )
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.window import StepSummary
+from asyncrl.window_summary import WindowSummary
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)
 
 
-def _summary(step: int, drain: float = 0.5) -> dict[str, Any]:
+def _summary(step: int, drain: float = 0.5) -> WindowSummary:
     """The trainer's window summary as the gateway serves it."""
-    metrics = StepSummary(
-        step=step,
-        n_prev_carry_over_rollouts=8,
-        n_completed_rollouts=8,
-        n_new_carry_over_rollouts=4,
-        new_carry_over_age_max_steps=2,
-        carry_over_age_histogram={1: 1, 2: 1},
-        n_stale_groups_cancelled=0,
-        n_stale_groups_kept=0,
-        n_failed_rollouts_consumed=1,
-    ).with_drain(inflight_at_pause=3, drain_seconds=drain)
-    return {
-        "step": step,
-        "metrics": metrics.metrics(),
-        "carry_over_age_histogram": {"1": 1, "2": 1},
-        "active_groups": 4,
-    }
+    return (
+        StepSummary(
+            step=step,
+            n_prev_carry_over_rollouts=8,
+            n_completed_rollouts=8,
+            n_new_carry_over_rollouts=4,
+            new_carry_over_age_max_steps=2,
+            carry_over_age_histogram={1: 1, 2: 1},
+            n_stale_groups_cancelled=0,
+            n_stale_groups_kept=0,
+            n_failed_rollouts_consumed=1,
+        )
+        .with_drain(inflight_at_pause=3, drain_seconds=drain)
+        .window_summary(active_groups=4, reward_mean=None, step_seconds=None)
+    )
 
 
 @pytest.mark.parametrize("phase", list(Phase))

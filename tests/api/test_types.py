@@ -148,6 +148,8 @@ def test_documented_defaults() -> None:
             "maxCaptureBytesPerRollout": 64 * 1024**2,
         },
         "agents": {
+            "mode": "Jobs",
+            "pool": {"replicas": 4},
             "template": {"inline": "kind: Job"},
             "maxJobsPerMinute": 100,
             "ttlSecondsAfterFinished": 1200,

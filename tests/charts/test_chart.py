@@ -27,11 +27,11 @@ import yaml
 
 from asyncrl.api.crd import default_path
 from asyncrl.api.types.meta import CRD_NAME
+from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.operator.main import add_arguments, render_settings
 from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.testing.controlplane import ControlPlane, default_bin_dir, free_port
 from asyncrl.testing.podrunner import PodRunner
-from asyncrl.testing.podspec import Image, ImageTable
 from asyncrl.testing.waiting import wait_for
 from tests.operator.conftest import AGENT_IMAGE, GATEWAY_IMAGE, TRAINER_IMAGE, run_manifest
 from tests.operator.test_rbac import RBAC_DIR, rbac_denials, service_account_kubeconfig

@@ -36,10 +36,10 @@ def test_client_drives_a_rollout_from_creation_to_the_completion_feed(gateway: R
             page = await client.completions(after=0, wait_seconds=1)
             assert [e.rollout_id for e in page.entries] == ["r0", "r1"]
             stats = await client.stats()
-            assert stats["rollouts"]["succeeded"] == 2
-            assert stats["rollouts"]["queued"] == 0
-            assert stats["finished_totals"]["succeeded"] == 2
-            assert stats["cursor"] == page.cursor
+            assert stats.rollouts[RolloutState.SUCCEEDED] == 2
+            assert stats.rollouts[RolloutState.QUEUED] == 0
+            assert stats.finished_totals[RolloutState.SUCCEEDED] == 2
+            assert stats.cursor == page.cursor
             listed, cursor = await client.list_rollouts(state=RolloutState.SUCCEEDED)
             assert len(listed) == 2
             assert cursor == page.cursor
@@ -56,7 +56,7 @@ def test_client_drives_a_rollout_from_creation_to_the_completion_feed(gateway: R
             drained = await client.pause(reason="update", wait_seconds=5)
             assert drained.drained
             assert drained.inflight_at_pause == 0
-            assert (await client.resume(model_version=4))["model_version"] == 4
+            assert (await client.resume(model_version=4)).model_version == 4
 
     asyncio.run(scenario())
 

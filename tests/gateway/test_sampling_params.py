@@ -13,13 +13,8 @@ import httpx
 import pytest
 
 from asyncrl.api import InvalidRunError, load_run
-from asyncrl.gateway.sampling import (
-    RolloutSampling,
-    SamplingParamsPolicy,
-    SamplingRefused,
-    apply_rollout_sampling,
-    rollout_sampling_of,
-)
+from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
+from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
 from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
 from tests.operator.conftest import run_manifest
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.testing.controlplane import ControlPlane, free_port
-from asyncrl.testing.podspec import Image, ImageTable
 from asyncrl.testing.processes import ServerProcess, start_server
 from tests.api.conftest import installed_crd  # noqa: F401  (a fixture used by these tests)
 

@@ -89,14 +89,12 @@ async def main() -> int:
             await gateway.put_summary(
                 WindowSummary(
                     step=step,
-                    metrics={
-                        "training/async/n_prev_carry_over_rollouts": 0,
-                        "training/async/n_completed_rollouts": len(finished),
-                        "training/async/n_new_carry_over_rollouts": n,
-                        "training/async/new_carry_over_age_max_steps": 1,
-                        "training/async/proxy_inflight_at_pause": 0,
-                        "training/async/proxy_drain_seconds": 0.01,
-                    },
+                    prev_carry_over_rollouts=0,
+                    completed_rollouts=len(finished),
+                    new_carry_over_rollouts=n,
+                    carry_over_age_max_steps=1,
+                    proxy_inflight_at_pause=0,
+                    proxy_drain_seconds=0.01,
                     carry_over_age_histogram={"1": 1},
                     active_groups=1,
                 )

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.testing.podrunner import PodRunner
-from asyncrl.testing.podspec import Image, ImageTable
 from asyncrl.testing.waiting import wait_for
 from tests.operator.cluster import events
 from tests.operator.conftest import OperatorStarter, run_manifest

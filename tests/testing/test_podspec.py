@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.testing.podspec import Image, ImageTable, container_argv, expand_references, map_paths, pod_field
+from asyncrl.launch.podspec import Image, ImageTable, container_argv, expand_references, map_paths, pod_field
 
 
 def test_references_to_known_variables_are_expanded_and_unknown_kept() -> None:

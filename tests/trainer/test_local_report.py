@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from asyncrl.gateway.models import WindowSummary
+from asyncrl.gateway.models import GatewayStats, WindowSummary
 from asyncrl.local.report import COLUMNS, RunTally, header
 
 
 def _summary(step: int, reward: float) -> WindowSummary:
-    return WindowSummary(step=step, metrics={"training/reward_mean": reward}, active_groups=3)
+    return WindowSummary(step=step, reward_mean=reward, active_groups=3)
+
+
+def _stats(answer: dict[str, Any]) -> GatewayStats:
+    """The gateway's /api/stats with `answer`'s instance and totals (the rest as an idle gateway has it)."""
+    idle = {"paused": False, "retry_after_seconds": 5, "reason": None, "inflight": 0, "model_version": None}
+    counts = {"rollouts": {}, "launches": {"launched": 0, "failed": 0}, "cursor": 0}
+    return GatewayStats.model_validate({**idle, **counts, **answer})
 
 
 def test_rollout_totals_survive_a_gateway_restart_that_starts_its_counts_from_zero() -> None:
     tally = RunTally()
-    tally.record_stats({"instance_id": "a", "finished_totals": {"succeeded": 10, "failed": 2}})
-    tally.record_stats({"instance_id": "a", "finished_totals": {"succeeded": 12, "failed": 3}})
-    tally.record_stats({"instance_id": "b", "finished_totals": {"succeeded": 1, "failed": 1, "timed_out": 2}})
+    tally.record_stats(_stats({"instance_id": "a", "finished_totals": {"succeeded": 10, "failed": 2}}))
+    tally.record_stats(_stats({"instance_id": "a", "finished_totals": {"succeeded": 12, "failed": 3}}))
+    tally.record_stats(
+        _stats({"instance_id": "b", "finished_totals": {"succeeded": 1, "failed": 1, "timed_out": 2}})
+    )
     assert tally.failed == 4  # 3 before the restart, 1 after; the first report of "a" is not counted twice
     lines = tally.summary(outcome="finished", work_dir=Path("/w"), metrics_file=None)
     assert "  rollouts: 19 ended: 13 succeeded, 4 failed, 2 timed out, 0 cancelled" in lines
@@ -24,7 +34,7 @@ def test_rollout_totals_survive_a_gateway_restart_that_starts_its_counts_from_ze
 
 def test_the_status_line_has_a_failed_column_under_its_header() -> None:
     tally = RunTally()
-    tally.record_stats({"instance_id": "a", "finished_totals": {"failed": 7}})
+    tally.record_stats(_stats({"instance_id": "a", "finished_totals": {"failed": 7}}))
     line = tally.status_line(_summary(4, 0.5), running_agents=2)
     cells = line.split()
     assert len(cells) == len(COLUMNS) == len(header().split())

@@ -111,7 +111,7 @@ def test_the_last_step_is_saved_once_and_with_the_gateway_paused(
                 await loop._save_checkpoint(consumed=())
                 await client.resume(model_version=4)
             await loop._finish()
-            assert not (await client.state())["paused"]
+            assert not (await client.state()).paused
 
     asyncio.run(scenario())
     assert backend.calls == saves

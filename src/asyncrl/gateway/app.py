@@ -10,8 +10,9 @@ from asyncrl.gateway.api import build_api
 from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.door import BODY_METHODS, Refused, authorize, parse_json, read_body, replay, route_access
 from asyncrl.gateway.metrics import GatewayMetrics
+from asyncrl.gateway.paths import PROXY_PREFIX
 from asyncrl.gateway.pause import PauseState
-from asyncrl.gateway.proxy import PROXY_PREFIX, ProxyHandler, Receive, Scope, Send, send_json
+from asyncrl.gateway.proxy import ProxyHandler, Receive, Scope, Send, send_json
 from asyncrl.gateway.store import RolloutStore
 
 

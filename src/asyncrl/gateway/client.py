@@ -19,8 +19,10 @@ from asyncrl.gateway.models import (
     ClaimRequest,
     CompletionPage,
     EventsBatchRequest,
+    GatewayStats,
     LaunchReceipt,
     LaunchRequest,
+    PauseView,
     RolloutCreate,
     RolloutView,
     TrainerReport,
@@ -126,24 +128,24 @@ class GatewayClient:
             params={"wait": wait_seconds},
             json={"reason": reason, "retry_after_seconds": retry_after_seconds, "abort": abort},
         )
-        body = response.json()
+        view = PauseView.model_validate(response.json())
+        if view.drained is None or view.inflight_at_pause is None or view.drain_seconds is None:
+            raise GatewayError(response.status_code, "the pause answer has no drain fields", view.wire())
         return PauseResult(
-            paused=body["paused"],
-            inflight=body["inflight"],
-            drained=body["drained"],
-            inflight_at_pause=body["inflight_at_pause"],
-            drain_seconds=body["drain_seconds"],
-            aborted=int(body.get("aborted", 0)),
+            paused=view.paused,
+            inflight=view.inflight,
+            drained=view.drained,
+            inflight_at_pause=view.inflight_at_pause,
+            drain_seconds=view.drain_seconds,
+            aborted=view.aborted or 0,
         )
 
-    async def resume(self, *, model_version: int | None = None) -> dict[str, Any]:
+    async def resume(self, *, model_version: int | None = None) -> PauseView:
         response = await self._request("POST", "/proxy/resume", json={"model_version": model_version})
-        result: dict[str, Any] = response.json()
-        return result
+        return PauseView.model_validate(response.json())
 
-    async def state(self) -> dict[str, Any]:
-        result: dict[str, Any] = (await self._request("GET", "/proxy/state")).json()
-        return result
+    async def state(self) -> PauseView:
+        return PauseView.model_validate((await self._request("GET", "/proxy/state")).json())
 
     # -- upstreams ----------------------------------------------------------------------------------------
 
@@ -253,12 +255,10 @@ class GatewayClient:
         response = await self._request("POST", "/api/rollouts/events", json=request.model_dump(mode="json"))
         return await asyncio.to_thread(EventsBatch.parse, response.content)
 
-    async def stats(self) -> dict[str, Any]:
-        """Rollouts by state (`rollouts`), terminal states ever (`finished_totals`), launches ever
-        (`launches`, a `LaunchTotals`), `cursor`, pause state, and `instance_id` (changes when the gateway
-        restarted and lost its state)."""
-        result: dict[str, Any] = (await self._request("GET", "/api/stats")).json()
-        return result
+    async def stats(self) -> GatewayStats:
+        """Rollouts by state now and finished ever, launches ever, the feed cursor, the trainer's report, the
+        pause state, and `instance_id` (changes when the gateway restarted and lost its state)."""
+        return GatewayStats.model_validate((await self._request("GET", "/api/stats")).json())
 
     async def release_pool_workers(self, live_workers: list[str]) -> list[str]:
         """Fail the rollouts held by agent pool pods not in `live_workers` (`gateway/pool_api.py`)."""

@@ -8,9 +8,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
 
-from asyncrl.capturing import CaptureMode
-from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
+from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
 from asyncrl.pausing import PauseMode
+from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 
 KEY_ENV_VAR = "ASYNCRL_GATEWAY_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -21,8 +21,6 @@ DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 # Compact capture keeps about 4 bytes per prompt token and 12 per generated token; 64 MiB is a 50-turn
 # agent resending a 16k-token context each turn with room to spare, 1 GiB a window of 1,024 rollouts of 20
 # calls of 2,000 + 500 tokens about 3.5 times over (docs/tuning-the-window.md sizes the gateway's memory).
-DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT = 64 * 1024 * 1024
-DEFAULT_MAX_CAPTURE_BYTES = 1024 * 1024 * 1024
 DEFAULT_HOLD_TIMEOUT_SECONDS = 900.0
 DEFAULT_MAX_HELD_CALLS = 10_000
 MIN_RETRY_AFTER_SECONDS = 0.001  # Retry-After and retry-after-ms are sent with millisecond precision

@@ -9,7 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from asyncrl.gateway.config import check_upstream_urls
+from asyncrl.pausing import PauseMode
 from asyncrl.rollouts import RolloutState
+
+# The window summary is shared vocabulary (the API types apply it to the status); a wire model here too.
+from asyncrl.window_summary import WindowSummary as WindowSummary
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 Mode = Literal["train", "val"]
@@ -189,17 +193,6 @@ class UpstreamsView(BaseModel):
     model: str
 
 
-class WindowSummary(BaseModel):
-    """The trainer's summary of its last step; the operator turns it into the run's status."""
-
-    model_config = ConfigDict(extra="allow")
-
-    step: int = Field(ge=0)
-    metrics: dict[str, float] = Field(default_factory=dict)
-    carry_over_age_histogram: dict[str, int] = Field(default_factory=dict)
-    active_groups: int = Field(default=0, ge=0)
-
-
 class TrainerOutcome(StrEnum):
     """How the trainer process ended, as it reported to the gateway before exiting."""
 
@@ -219,3 +212,44 @@ class TrainerReport(BaseModel):
 
     outcome: TrainerOutcome
     message: str = Field(max_length=4096)
+
+
+class PauseView(BaseModel):
+    """What `/proxy/pause`, `/proxy/resume` and `/proxy/state` answer: the pause state (and drain, if waited).
+
+    Only the fields that apply are sent (`wire()`): Hold mode adds the held calls, a call that waited for the
+    drain adds the drain fields, so Reject mode's state stays the seed's (Agent Lightning's) byte for byte.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    paused: bool
+    retry_after_seconds: int | float  # whole seconds as an integer, as the seed sends them
+    reason: str | None
+    inflight: int = Field(ge=0, description="Model calls in flight now.")
+    model_version: int | None
+    pause_mode: PauseMode | None = None  # Hold mode only
+    held: int | None = Field(default=None, ge=0, description="Calls parked until the resume (Hold).")
+    held_oldest_seconds: float | None = Field(default=None, ge=0)
+    drained: bool | None = None  # with ?wait: whether the calls in flight at the pause finished in time
+    inflight_at_pause: int | None = Field(default=None, ge=0)
+    drain_seconds: float | None = Field(default=None, ge=0)
+    aborted: int | None = Field(default=None, ge=0, description="Calls cancelled by a pause with abort.")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON body: the fields that were set, nothing more."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class GatewayStats(PauseView):
+    """`/api/stats`: rollouts by state now and finished ever, launches, the feed cursor, the trainer's report,
+    and the pause state. `instance_id` changes when the gateway restarted and lost its state."""
+
+    instance_id: str
+    rollouts: dict[RolloutState, int] = Field(description="Rollouts in the store now, by state.")
+    finished_totals: dict[RolloutState, int] = Field(
+        description="Rollouts that ever reached each terminal state (the trainer deletes consumed ones)."
+    )
+    launches: LaunchTotals
+    cursor: int = Field(ge=0, description="The completion feed's cursor.")
+    trainer_report: TrainerReport | None = None

@@ -30,6 +30,7 @@ from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.door import Refused, RouteAccess, authorize, parse_json, read_body
 from asyncrl.gateway.hold import HeldCalls, HoldRefused
 from asyncrl.gateway.metrics import GatewayMetrics
+from asyncrl.gateway.paths import parse_proxy_path
 from asyncrl.gateway.pause import PauseState, header_seconds
 from asyncrl.gateway.relay import Answered, StreamOutcome, open_stream, pump
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
@@ -44,27 +45,12 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-PROXY_PREFIX = "/proxy/rollout/"
-ENDPOINTS = frozenset({"chat/completions", "completions"})
-MODES = frozenset({"train", "val"})
 ROUTE = "proxy"
 CLIENT_GONE = 499  # the metric's status for a held call whose client disconnected (nothing is sent)
 
 
 class ClientGone(Exception):
     """The client disconnected while its call was held; there is no one to answer."""
-
-
-def parse_proxy_path(path: str) -> tuple[str, str, str, str] | None:
-    """(rollout_id, attempt_id, mode, endpoint) of a proxy path, or None when it is not one of ours."""
-    parts = path[len(PROXY_PREFIX) :].split("/")
-    # {rid} attempt {aid} mode {mode} openai v1 {endpoint...}
-    if len(parts) < 8 or parts[1] != "attempt" or parts[3] != "mode" or parts[5:7] != ["openai", "v1"]:
-        return None
-    endpoint = "/".join(parts[7:])
-    if not parts[0] or not parts[2] or parts[4] not in MODES or endpoint not in ENDPOINTS:
-        return None
-    return parts[0], parts[2], parts[4], endpoint
 
 
 class Upstreams:
@@ -323,7 +309,8 @@ class ProxyHandler:
                     outcome = relaying.result()
                 else:
                     relaying.cancel()
-                    outcome = StreamOutcome.ABANDONED
+                    # An agent that leaves on the error event of a broken stream did not abandon it.
+                    outcome = StreamOutcome.FAILED if assembly.broken else StreamOutcome.ABANDONED
             finally:
                 opened.close()
                 self.upstreams.release(opened.url)

@@ -169,6 +169,7 @@ async def pump(
             await relay(stream.events.feed(data))
     except (StreamBroken, aiohttp.ClientError, TimeoutError) as error:
         outcome = StreamOutcome.FAILED
+        assembly.broken = True  # before the error event: an agent that leaves on it did not abandon a stream
         reason = str(error)
         if isinstance(error, TimeoutError):
             reason = "the upstream's stream ended before [DONE]: the upstream timeout was reached"

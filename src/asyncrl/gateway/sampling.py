@@ -17,56 +17,10 @@ Validation-mode calls are never changed. Pure: no I/O here, the proxy calls `app
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k")
-VERL_ROLLOUT_PREFIX = "actor_rollout_ref.rollout."  # where a run sets them: spec.trainer.verlOverrides
-
-
-class SamplingParamsPolicy(StrEnum):
-    """What the gateway does with the sampling settings of agents' train-mode model calls."""
-
-    ENFORCE = "Enforce"
-    REJECT = "Reject"
-    ALLOW = "Allow"
-
-
-@dataclass(frozen=True)
-class RolloutSampling:
-    """The run's rollout sampling settings (verl's `actor_rollout_ref.rollout.*`; top_k -1: off)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-
-    def as_body(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
-
-
-def rollout_sampling_of(overrides: Mapping[str, Any]) -> RolloutSampling:
-    """The run's settings from flat verl overrides (verl's defaults where unset); ValueError names the key."""
-    values: dict[str, Any] = {}
-    for key in SAMPLING_KEYS:
-        name = VERL_ROLLOUT_PREFIX + key
-        if name not in overrides:
-            continue
-        value = overrides[name]
-        wanted = int if key == "top_k" else float
-        if isinstance(value, bool) or not isinstance(value, int | float) or (wanted is int and value % 1):
-            raise ValueError(f"{name} must be {'an integer' if wanted is int else 'a number'}, not {value!r}")
-        values[key] = wanted(value)
-    sampling = RolloutSampling(**values)
-    if sampling.temperature <= 0:
-        raise ValueError(
-            f"{VERL_ROLLOUT_PREFIX}temperature must be above 0 for training (greedy decoding gives every "
-            f"token probability 1), not {sampling.temperature}"
-        )
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"{VERL_ROLLOUT_PREFIX}top_p must be in (0, 1], not {sampling.top_p}")
-    return sampling
+from asyncrl.rollout_sampling import SAMPLING_KEYS, RolloutSampling, SamplingParamsPolicy
 
 
 class SamplingRefused(ValueError):

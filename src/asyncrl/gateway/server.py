@@ -8,13 +8,11 @@ import logging
 import os
 from pathlib import Path
 
-from asyncrl.capturing import CaptureMode
+from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
 from asyncrl.gateway.app import build_gateway
 from asyncrl.gateway.config import (
     DEFAULT_HOLD_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CAPTURE_BYTES,
-    DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT,
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_HELD_CALLS,
     DEFAULT_MAX_JSON_DEPTH,
@@ -22,8 +20,8 @@ from asyncrl.gateway.config import (
     MAX_JSON_DEPTH_CEILING,
     GatewayConfig,
 )
-from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy
 from asyncrl.pausing import PauseMode
+from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 
 logger = logging.getLogger(__name__)
 

@@ -98,6 +98,7 @@ class StreamAssembly:
     prompt_token_ids: list[int] | None = None
     usage: Any = None
     done: bool = False
+    broken: bool = False  # the upstream's stream broke: the agent is (being) sent an error event
     chunks: int = 0
     _choices: dict[int, _Choice] = field(default_factory=dict)
 

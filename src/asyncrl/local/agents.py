@@ -26,13 +26,13 @@ from typing import Any
 
 import httpx
 
-from asyncrl.agent import AgentEnvironment
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.models import RolloutView
+from asyncrl.launch.podspec import Image, container_argv
+from asyncrl.operator.agent_jobs import agent_launch
 from asyncrl.operator.names import ATTEMPT_ID
-from asyncrl.operator.templates import TemplateError, render_job, rollout_variables
+from asyncrl.operator.templates import TemplateError, render_job
 from asyncrl.rollouts import RolloutState
-from asyncrl.testing.podspec import Image, container_argv
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class LocalAgents:
 
     async def _follow_gateway_instance(self) -> None:
         """Stop the agents of rollouts a restarted gateway no longer holds (they could only fail)."""
-        instance_id = str((await self.gateway.stats())["instance_id"])
+        instance_id = (await self.gateway.stats()).instance_id
         if self._instance_id is not None and instance_id != self._instance_id:
             orphaned = [task for task, instance in self._tasks.items() if instance != instance_id]
             for task in orphaned:
@@ -149,22 +149,16 @@ class LocalAgents:
 
     async def _run_one(self, rollout: RolloutView) -> None:
         try:
-            variables = rollout_variables(
+            launch = agent_launch(
                 rollout,
-                attempt_id=ATTEMPT_ID,
-                job_name=f"{self.run_name}-{rollout.rollout_id}",
                 run_name=self.run_name,
                 namespace="local",
-            )
-            env = AgentEnvironment.for_rollout(
+                job_name=f"{self.run_name}-{rollout.rollout_id}",
                 gateway_url=self.gateway_url,
                 gateway_key=self.gateway_key,
-                rollout_id=rollout.rollout_id,
-                attempt_id=ATTEMPT_ID,
-                mode=rollout.mode,
             )
             try:
-                argv, agent_env = agent_command(render_job(self.template, variables), env.as_env())
+                argv, agent_env = agent_command(render_job(self.template, launch.variables), launch.env)
             except TemplateError as error:
                 self.template_error = str(error)
                 logger.error("rollout %s: %s", rollout.rollout_id, error)

@@ -7,16 +7,13 @@ zero: they are kept per gateway instance and added up, and a restart loses none 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from asyncrl.gateway.models import WindowSummary
+from asyncrl.gateway.models import GatewayStats, WindowSummary
 from asyncrl.rollouts import TERMINAL_STATES, RolloutState
 
 COLUMNS = ("STEP", "ACTIVE", "CARRY-OVER", "MAX-AGE", "DRAIN", "REWARD", "FAILED", "RUNNING", "STEP-S")
-REWARD_METRIC = "training/reward_mean"
 # The order of outcomes in the summary; the names are the rollout states, as `kubectl get atr` counts them.
 OUTCOMES = (RolloutState.SUCCEEDED, RolloutState.FAILED, RolloutState.TIMED_OUT, RolloutState.CANCELLED)
 
@@ -35,15 +32,13 @@ class RunTally:
     last_reward: float | None = None
     _totals: dict[str, dict[str, int]] = field(default_factory=dict)  # gateway instance -> state -> count
 
-    def record_stats(self, stats: Mapping[str, Any]) -> None:
+    def record_stats(self, stats: GatewayStats) -> None:
         """The gateway's `/api/stats`: its instance and the rollouts that ended there, by state."""
-        totals = stats.get("finished_totals")
-        if isinstance(totals, Mapping):
-            instance = str(stats.get("instance_id") or "")
-            self._totals[instance] = {str(state): int(count) for state, count in totals.items()}
+        totals = stats.finished_totals
+        self._totals[stats.instance_id] = {state.value: count for state, count in totals.items()}
 
     def record_step(self, summary: WindowSummary) -> None:
-        reward = summary.metrics.get(REWARD_METRIC)
+        reward = summary.reward_mean
         if self.first_step is None:
             self.first_step, self.first_reward = summary.step, reward
         self.last_step, self.last_reward = summary.step, reward
@@ -57,17 +52,16 @@ class RunTally:
         return self.count(RolloutState.FAILED)
 
     def status_line(self, summary: WindowSummary, *, running_agents: int) -> str:
-        metrics = summary.metrics
         values = (
             summary.step,
             summary.active_groups,
-            int(metrics.get("training/async/n_new_carry_over_rollouts", 0)),
-            int(metrics.get("training/async/new_carry_over_age_max_steps", 0)),
-            f"{metrics.get('training/async/proxy_drain_seconds', 0.0):.3f}",
-            f"{metrics.get(REWARD_METRIC, 0.0):.3f}",
+            summary.new_carry_over_rollouts or 0,
+            summary.carry_over_age_max_steps or 0,
+            f"{summary.proxy_drain_seconds or 0.0:.3f}",
+            f"{summary.reward_mean or 0.0:.3f}",
             self.failed,
             running_agents,
-            f"{metrics.get('timing/step_seconds', 0.0):.1f}",
+            f"{summary.step_seconds or 0.0:.1f}",
         )
         return "  ".join(f"{value!s:>10}" for value in values)
 

@@ -19,16 +19,16 @@ from typing import Any
 
 import yaml
 
-from asyncrl.agent import AgentEnvironment
+from asyncrl.agent import ENV_KEY
 from asyncrl.api import AsyncTrainingRun, InvalidRunError
 from asyncrl.gateway.models import RolloutView
 from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.operator import names
-from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
+from asyncrl.operator.agent_jobs import AgentJobSettings, agent_launch, shape_agent_job
 from asyncrl.operator.children import gateway_service_url, owner_reference
 from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.operator.renderer import RendererUnavailable, RenderSettings, TemplateRenderer
-from asyncrl.operator.templates import TemplateError, rollout_variables
+from asyncrl.operator.templates import TemplateError
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.data import DataError, load_rows_file
 
@@ -172,26 +172,24 @@ async def render_agent_job(
         n_model_calls=0,
     )
     job_name = names.agent_job_name(run.name, rollout.rollout_id)
-    variables = rollout_variables(
-        rollout, attempt_id=names.ATTEMPT_ID, job_name=job_name, run_name=run.name, namespace=namespace
+    launch = agent_launch(
+        rollout,
+        run_name=run.name,
+        namespace=namespace,
+        job_name=job_name,
+        gateway_url=spec.gateway.agent_url or gateway_service_url(obj, spec),
+        gateway_key="unknown",
     )
     renderer = TemplateRenderer(settings)
     try:
-        rendered = await renderer.render(template, variables, sample=row.is_placeholder)
+        rendered = await renderer.render(template, launch.variables, sample=row.is_placeholder)
     except TemplateError as error:
         raise RenderFailed(str(error)) from error
     except RendererUnavailable as error:
         raise RenderFailed(str(error)) from error
     finally:
         await renderer.close()
-    agent_env = AgentEnvironment.for_rollout(
-        gateway_url=spec.gateway.agent_url or gateway_service_url(obj, spec),
-        gateway_key="unknown",
-        rollout_id=rollout.rollout_id,
-        attempt_id=names.ATTEMPT_ID,
-        mode=rollout.mode,
-    ).as_env()
-    agent_env["AGL_KEY"] = PLACEHOLDER_KEY
+    agent_env = {**launch.env, ENV_KEY: PLACEHOLDER_KEY}
     return shape_agent_job(
         rendered,
         settings=AgentJobSettings(

@@ -14,7 +14,38 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.agent import AgentEnvironment
+from asyncrl.gateway.models import RolloutView
 from asyncrl.operator import names
+from asyncrl.operator.names import ATTEMPT_ID
+from asyncrl.operator.templates import rollout_variables
+
+
+@dataclass(frozen=True)
+class AgentLaunch:
+    """One rollout's agent, before its Job is rendered: the template's variables and the agent's AGL_* env."""
+
+    variables: dict[str, Any]
+    env: dict[str, str]
+
+
+def agent_launch(
+    rollout: RolloutView, *, run_name: str, namespace: str, job_name: str, gateway_url: str, gateway_key: str
+) -> AgentLaunch:
+    """The one rollout → agent step, shared by the operator (a Job), local mode (a process) and
+    `asyncrl manifest agent-job` (a preview): the rollout's template variables and its gateway URLs and token.
+    """
+    variables = rollout_variables(
+        rollout, attempt_id=ATTEMPT_ID, job_name=job_name, run_name=run_name, namespace=namespace
+    )
+    env = AgentEnvironment.for_rollout(
+        gateway_url=gateway_url,
+        gateway_key=gateway_key,
+        rollout_id=rollout.rollout_id,
+        attempt_id=ATTEMPT_ID,
+        mode=rollout.mode,
+    )
+    return AgentLaunch(variables=variables, env=env.as_env())
 
 
 @dataclass(frozen=True)

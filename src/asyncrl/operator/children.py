@@ -18,7 +18,8 @@ import yaml
 
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types.spec import RESTRICTED_SECURITY_CONTEXT, ResourceRequirements, TrainerBackend
-from asyncrl.gateway.sampling import sampling_args
+from asyncrl.gateway.config import KEY_ENV_VAR
+from asyncrl.launch.commands import gateway_args, trainer_args
 from asyncrl.operator import names
 from asyncrl.operator.pod_template import MergedPodTemplate, merge_pod_template
 
@@ -161,17 +162,7 @@ def trainer_job_with_template(
         "image": spec.gateway.image,
         "restartPolicy": "Always",  # a native sidecar: starts first, keeps running, stops after the trainer
         "command": ["asyncrl", "gateway"],
-        # No --upstream: the trainer registers its model servers (PUT /api/upstreams) once they listen, on
-        # ports they pick themselves (verl's vLLM replicas always do).
-        "args": [
-            "--host=0.0.0.0",
-            f"--port={port}",
-            f"--model={spec.model.name}",
-            f"--key-file={KEY_DIR}/{secret_key}",
-            *spec.gateway.pause_flags(),
-            *spec.gateway.capture_flags(),
-            *sampling_args(spec.gateway.sampling_params, spec.trainer.rollout_sampling()),
-        ],
+        "args": gateway_args(spec, port=port, host="0.0.0.0", key_file=f"{KEY_DIR}/{secret_key}"),
         "ports": [{"name": "gateway", "containerPort": port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"}, "periodSeconds": 2},
         "resources": container_resources(spec.gateway.resources),
@@ -180,7 +171,7 @@ def trainer_job_with_template(
     }
     env: list[JSON] = [
         {
-            "name": "ASYNCRL_GATEWAY_KEY",
+            "name": KEY_ENV_VAR,
             "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}},
         },
         {"name": "WANDB_MODE", "value": spec.logging.wandb.mode.wandb_mode},
@@ -194,12 +185,12 @@ def trainer_job_with_template(
         "name": TRAINER_CONTAINER,
         "image": spec.trainer.image,
         "command": ["asyncrl", "trainer"],
-        "args": [
-            f"--config={CONFIG_DIR}/{RUN_FILE}",
-            f"--gateway-url=http://127.0.0.1:{port}",
-            f"--checkpoint-dir={CHECKPOINT_DIR}",
-            f"--metrics-port={trainer_metrics_port(spec)}",
-        ],
+        "args": trainer_args(
+            config=f"{CONFIG_DIR}/{RUN_FILE}",
+            gateway_url=f"http://127.0.0.1:{port}",
+            checkpoint_dir=CHECKPOINT_DIR,
+            metrics_port=trainer_metrics_port(spec),
+        ),
         "ports": [{"name": "metrics", "containerPort": trainer_metrics_port(spec)}],
         "env": env,
         "resources": resources,

@@ -1,11 +1,13 @@
 """The per-run controller: queued rollouts become agent Jobs, Job outcomes reach the gateway, status is kept.
 
-One instance per run, started by the operator for each run it sees. Four loops, none of them polling:
+One instance per run, started by the operator for each run it sees. `RunController` is the rollout-Job
+supervisor; it owns the status writer (`status_writer.py`) and tells it when something it observed changed.
+Five loops, none of them polling:
 - claim: long-polls the gateway for queued rollouts and launches one Job each (rate-limited, capped),
 - reports: applies Job watch events (delivered by the namespace's one label-selected watch) to the gateway,
 - cancellations: follows the gateway's completion feed and deletes the Jobs of cancelled/timed-out rollouts,
-- status: long-polls the trainer's window summary and writes the run's status when it changed, at most once
-  per second.
+- summary and status (the writer's): long-poll the trainer's window summary, read the stats once per cycle,
+  and write the run's status when it changed, at most once per second.
 
 At-most-once launches, whatever the Jobs' TTL. The gateway's rollout record is the launch record: before
 creating a Job the controller calls `POST /api/rollouts/{id}/launch` with a fresh launch id. The gateway marks
@@ -40,18 +42,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import httpx
-
-from asyncrl.agent import AgentEnvironment
-from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, Phase
+from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types import AgentsMode
 from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import LaunchTotals, RolloutView, TrainerOutcome, TrainerReport
+from asyncrl.gateway.models import GatewayStats, LaunchTotals, RolloutView
 from asyncrl.operator import names
-from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
+from asyncrl.operator.agent_jobs import AgentJobSettings, agent_launch, shape_agent_job
 from asyncrl.operator.children import owner_reference
 from asyncrl.operator.job_state import rollout_state_of_job
 from asyncrl.operator.kube import JSON, Kube
@@ -69,15 +67,14 @@ from asyncrl.operator.retry import (
     one_line_reason,
     retry_transient,
 )
-from asyncrl.operator.status import RunObservation, next_status
-from asyncrl.operator.templates import TemplateError, rollout_variables
+from asyncrl.operator.status_writer import StatusWriter
+from asyncrl.operator.templates import TemplateError
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-STATUS_MIN_INTERVAL_SECONDS = 1.0
 GATEWAY_BACKOFF = Backoff(first_seconds=0.5, max_seconds=5.0)  # the gateway may be starting: wait it out
 KUBE_BACKOFF = Backoff(first_seconds=0.5, max_seconds=10.0)
 CREATE_JOB_DEADLINE_SECONDS = 120.0  # transient API errors longer than this fail the rollout
@@ -139,17 +136,14 @@ class RunController:
         self.fatal_error: str | None = None  # set: the run is Failed with this message
         self.gateway_reachable = False
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
-        self._dirty = asyncio.Event()
         self._capacity = asyncio.Event()
         self._pool_changed = asyncio.Event()  # agents.mode Pool: the pool's size may have to change
-        self._summary: dict[str, Any] | None = None
-        self._rollout_counts: dict[str, int] | None = None
-        self._trainer_report: TrainerReport | None = None
         self._stopped_for_failure = False
-        self._status = AsyncTrainingRunStatus.model_validate(context.run.get("status") or {})
-        self._written: dict[str, Any] | None = None
+        self.status_writer = StatusWriter(
+            context, supervisor=self, kube=kube, gateway=self.gateway, metrics=metrics
+        )
         # The Job counters: never below what the stored status showed, then derived from the gateway.
-        stored = self._status.jobs
+        stored = self.status_writer.status.jobs
         self._shown = JobCountsSeen(
             created=(stored.created if stored else 0) or 0, failed=(stored.failed if stored else 0) or 0
         )
@@ -174,7 +168,7 @@ class RunController:
         self.limiter.per_minute = spec.agents.max_jobs_per_minute
         self._capacity.set()
         self._pool_changed.set()
-        self._dirty.set()
+        self.status_writer.changed()
 
     async def run(self) -> None:
         """Run until cancelled (the run was deleted, or the operator stops)."""
@@ -183,8 +177,8 @@ class RunController:
             *([] if self.fatal_error else [self._launch_loop()]),  # an invalid template launches nothing
             self._report_loop,
             self._cancellation_loop,
-            self._summary_loop,
-            self._status_loop,
+            self.status_writer.summary_loop,
+            self.status_writer.status_loop,
         ]
         tasks: list[asyncio.Task[None]] = [
             asyncio.create_task(loop(), name=f"{self.context.name}:{loop.__name__}") for loop in loops
@@ -202,7 +196,7 @@ class RunController:
 
     # -- the gateway: calls, instance, counters -----------------------------------------------------------
 
-    async def _gateway_call(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def gateway_call(self, call: Callable[[], Awaitable[T]]) -> T:
         """Call the gateway, waiting out its absence (the trainer pod is starting or restarting) and its
         transient errors with backoff; a 4xx raises `GatewayError`."""
 
@@ -210,7 +204,7 @@ class RunController:
             if self.gateway_reachable:
                 logger.info("run %s: gateway unreachable: %s", self.context.name, one_line_reason(error))
                 self.gateway_reachable = False
-                self._dirty.set()
+                self.status_writer.changed()
 
         result = await retry_transient(
             call,
@@ -221,7 +215,7 @@ class RunController:
         )
         if not self.gateway_reachable:
             self.gateway_reachable = True
-            self._dirty.set()  # the status loop reads the stats next, which notices a restarted gateway
+            self.status_writer.changed()  # the writer reads the stats next, which notices a restarted gateway
         return result
 
     async def _kube_call(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
@@ -229,20 +223,25 @@ class RunController:
             call, is_transient=kube_error_is_transient, what=what, backoff=KUBE_BACKOFF, deadline_seconds=60
         )
 
-    async def _read_gateway_stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = await self._gateway_call(self.gateway.stats)
-        await self._observe_gateway(
-            str(stats.get("instance_id") or ""),
-            LaunchTotals.model_validate(stats.get("launches") or {"launched": 0, "failed": 0}),
-        )
+    async def _read_gateway_stats(self) -> GatewayStats:
+        stats = await self.gateway_call(self.gateway.stats)
+        await self.observe_gateway(stats.instance_id, stats.launches)
         return stats
 
-    def _job_counts(self) -> JobCountsSeen:
+    def job_counts(self) -> JobCountsSeen:
         if self._launch_totals is None:
             return self._shown
         return self._ledger.counts(self._launch_totals, at_least=self._shown)
 
-    async def _observe_gateway(self, instance_id: str, totals: LaunchTotals) -> None:
+    def counts_shown(self, counts: JobCountsSeen) -> None:
+        """The counts a status just written shows: the counters never go below them."""
+        self._shown = counts
+
+    @property
+    def active_jobs(self) -> int:
+        return len(self.jobs.active)
+
+    async def observe_gateway(self, instance_id: str, totals: LaunchTotals) -> None:
         """Take the gateway's launch totals; on a new gateway instance, rebase the counters and start over."""
         async with self._gateway_lock:
             if instance_id == self._gateway_instance:
@@ -250,7 +249,7 @@ class RunController:
                     self._launch_totals = totals  # answers may arrive out of order: keep the newest
                 return
             previous = self._gateway_instance
-            shown = self._job_counts()  # with the old instance's totals, before switching
+            shown = self.job_counts()  # with the old instance's totals, before switching
             ledger = self._ledger.for_instance(instance_id, totals, shown=shown)
             self._shown = shown
             self._gateway_instance = instance_id
@@ -276,7 +275,7 @@ class RunController:
                     warning=True,
                 )
             self._gateway_known.set()
-            self._dirty.set()
+            self.status_writer.changed()
 
     async def _persist_ledger(self) -> None:
         patch = {ANNOTATION_LEDGER: self._ledger.to_annotation()}
@@ -304,7 +303,7 @@ class RunController:
             # with one active operator per run, a lease still held at our start belongs to a claimer that is
             # gone. Launched rollouts are never offered, leased or not.
             takeover, self._takeover = self._takeover, False
-            claimed: list[RolloutView] = await self._gateway_call(
+            claimed: list[RolloutView] = await self.gateway_call(
                 functools.partial(
                     self.gateway.claim, limit=50, wait_seconds=30, lease_seconds=120, takeover=takeover
                 )
@@ -333,13 +332,13 @@ class RunController:
             kube=self.kube,
             renderer=self.renderer,
             gateway=self.gateway,
-            gateway_call=self._gateway_call,
+            gateway_call=self.gateway_call,
             changed=self._pool_changed,
         )
 
     async def _resolve_vanished_launches(self) -> None:
         """Launched unfinished rollouts whose Job is gone (it ended unwatched): end them, never rerun."""
-        rollouts, _ = await self._gateway_call(self.gateway.list_rollouts)
+        rollouts, _ = await self.gateway_call(self.gateway.list_rollouts)
         launched = [r for r in rollouts if r.launched_at is not None and not r.state.is_terminal]
         if not launched:
             return
@@ -389,25 +388,19 @@ class RunController:
     async def _launch(self, rollout: RolloutView) -> None:
         context = self.context
         job_name = names.agent_job_name(context.name, rollout.rollout_id)
-        variables = rollout_variables(
+        launch = agent_launch(
             rollout,
-            attempt_id=ATTEMPT_ID,
-            job_name=job_name,
             run_name=context.name,
             namespace=context.namespace,
+            job_name=job_name,
+            gateway_url=context.agent_gateway_url,
+            gateway_key=context.gateway_key,
         )
         try:
-            rendered = await self.renderer.render(context.template_source, variables)
+            rendered = await self.renderer.render(context.template_source, launch.variables)
         except TemplateError as error:
             await self._template_failed(rollout, str(error))
             return
-        agent_env = AgentEnvironment.for_rollout(
-            gateway_url=context.agent_gateway_url,
-            gateway_key=context.gateway_key,
-            rollout_id=rollout.rollout_id,
-            attempt_id=ATTEMPT_ID,
-            mode=rollout.mode,
-        )
         settings = AgentJobSettings(
             run_name=context.name,
             namespace=context.namespace,
@@ -421,7 +414,7 @@ class RunController:
             rollout_id=rollout.rollout_id,
             group_id=rollout.group_id,
             attempt_id=ATTEMPT_ID,
-            agent_env=agent_env.as_env(),
+            agent_env=launch.env,
         )
         if not await self._record_launch(rollout, job):
             return
@@ -430,16 +423,16 @@ class RunController:
         self.limiter.record(time.monotonic())
         self.jobs.active.add(job_name)
         self.metrics.jobs_created.inc()
-        self._dirty.set()
+        self.status_writer.changed()
         if self.template_error is not None:
             self.template_error = None
-            self._dirty.set()
+            self.status_writer.changed()
 
     async def _record_launch(self, rollout: RolloutView, job: JSON) -> bool:
         """Mark the rollout launched in the gateway (the launch record) and stamp the Job with it."""
         launch_id = uuid.uuid4().hex
         try:
-            receipt = await self._gateway_call(
+            receipt = await self.gateway_call(
                 functools.partial(self.gateway.launch, rollout.rollout_id, launch_id=launch_id)
             )
         except GatewayError as error:
@@ -448,7 +441,7 @@ class RunController:
                 "run %s rollout %s: not launched: %s", self.context.name, rollout.rollout_id, error.error
             )
             return False
-        await self._observe_gateway(receipt.instance_id, receipt.totals)
+        await self.observe_gateway(receipt.instance_id, receipt.totals)
         annotations = job["metadata"].setdefault("annotations", {})
         annotations[ANNOTATION_LAUNCH_ID] = launch_id
         annotations[ANNOTATION_GATEWAY_INSTANCE] = receipt.instance_id
@@ -517,7 +510,7 @@ class RunController:
             return
         logger.warning("run %s: %s", context.name, reason)
         self.metrics.errors.labels("template").inc()
-        if self._status.message != reason:  # not again after an operator restart
+        if self.status_writer.status.message != reason:  # not again after an operator restart
             await self.kube.post_event(context.run, reason="AgentTemplateError", message=reason, warning=True)
         self.template_error = self.fatal_error = reason
 
@@ -529,7 +522,7 @@ class RunController:
                 self.context.run, reason="AgentTemplateError", message=reason, warning=True
             )
         self.template_error = reason
-        self._dirty.set()
+        self.status_writer.changed()
         await self._transition(rollout.rollout_id, RolloutState.FAILED, f"agent template: {reason}")
 
     # -- Job watch events → gateway -----------------------------------------------------------------------
@@ -541,7 +534,7 @@ class RunController:
             component = (job["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT)
             if component == names.COMPONENT_TRAINER:
                 self.trainer_job = None if event_type == "DELETED" else job
-                self._dirty.set()
+                self.status_writer.changed()
                 continue
             await self._report_agent_job(event_type, job)
 
@@ -563,7 +556,7 @@ class RunController:
                 self._capacity.set()
         else:
             self.jobs.active.add(name)
-        self._dirty.set()
+        self.status_writer.changed()
         instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
         if instance is not None and instance != self._gateway_instance:
             return  # launched through a gateway that restarted since: its rollout is gone with it
@@ -581,7 +574,7 @@ class RunController:
 
     async def _transition(self, rollout_id: str, state: RolloutState, message: str | None) -> None:
         try:
-            await self._gateway_call(
+            await self.gateway_call(
                 lambda: self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
             )
         except GatewayError as error:
@@ -600,17 +593,17 @@ class RunController:
 
     async def _cancellation_loop(self) -> None:
         """Delete the Jobs of rollouts the gateway ended without them (stale groups, gateway timeouts)."""
-        cursor = int((await self._read_gateway_stats())["cursor"])
+        cursor = (await self._read_gateway_stats()).cursor
         self._gateway_restarted.clear()
         await self._delete_orphaned_jobs()
         while True:
             if self._gateway_restarted.is_set():
                 self._gateway_restarted.clear()
-                cursor = int((await self._read_gateway_stats())["cursor"])
+                cursor = (await self._read_gateway_stats()).cursor
                 await self._delete_orphaned_jobs()
             try:
                 page = await self._until_gateway_restart(
-                    self._gateway_call(
+                    self.gateway_call(
                         functools.partial(self.gateway.completions, after=cursor, wait_seconds=30)
                     )
                 )
@@ -663,7 +656,7 @@ class RunController:
                 await self.kube.delete_job(self.context.namespace, job["metadata"]["name"])
                 continue
             try:
-                rollout = await self._gateway_call(functools.partial(self.gateway.get_rollout, rollout_id))
+                rollout = await self.gateway_call(functools.partial(self.gateway.get_rollout, rollout_id))
             except GatewayError as error:
                 if error.status != 404:
                     raise
@@ -673,108 +666,14 @@ class RunController:
 
     # -- status -------------------------------------------------------------------------------------------
 
-    async def _summary_loop(self) -> None:
-        last_step: int | None = None
-        while True:
-            after_step = -1 if last_step is None else last_step
-            summary = await self._gateway_call(
-                functools.partial(self.gateway.summary, after_step=after_step, wait_seconds=30)
-            )
-            if summary is not None and summary.step != last_step:
-                last_step = summary.step
-                self._summary = summary.model_dump(mode="json")
-                self._dirty.set()
-            # Now, while the gateway is surely up: counts, and a trainer report (which also ends the wait).
-            report = self._trainer_report
-            await self._refresh_rollout_counts()
-            if self._trainer_report != report:
-                self._dirty.set()
-
-    async def _refresh_rollout_counts(self) -> None:
-        try:  # one attempt: the status must not wait for an absent gateway
-            stats = await self.gateway.stats()
-        except (httpx.TransportError, GatewayError):
-            return
-        await self._observe_gateway(
-            str(stats.get("instance_id") or ""),
-            LaunchTotals.model_validate(stats.get("launches") or {"launched": 0, "failed": 0}),
-        )
-        # In flight now, and finished ever: the trainer deletes the rollouts it consumed.
-        self._rollout_counts = {
-            **stats["finished_totals"],
-            **{state: stats["rollouts"][state] for state in ("queued", "running")},
-        }
-        report = stats.get("trainer_report")
-        self._trainer_report = None if report is None else TrainerReport.model_validate(report)
-
-    async def _status_loop(self) -> None:
-        last_write = 0.0
-        while True:
-            await self._write_status()
-            last_write = time.monotonic()
-            self._dirty.clear()
-            await self._dirty.wait()
-            await asyncio.sleep(max(0.0, last_write + STATUS_MIN_INTERVAL_SECONDS - time.monotonic()))
-
-    async def _write_status(self) -> None:
-        if self.gateway_reachable:
-            await self._refresh_rollout_counts()
-        counts = self._job_counts()
-        observation = RunObservation(
-            generation=int(self.context.run["metadata"].get("generation") or 0),
-            suspended=self.context.spec.suspend,
-            trainer_job=self.trainer_job,
-            gateway_reachable=self.gateway_reachable,
-            summary=self._summary,
-            rollout_counts=self._rollout_counts,
-            jobs_active=len(self.jobs.active) or self._pool_running(),
-            jobs_created=counts.created,
-            jobs_failed=counts.failed,
-            template_error=self.template_error,
-            fatal_error=self.fatal_error or self._trainer_fatal_error(),
-            trainer_error=self._trainer_error(),
-            ray_cluster=self.ray_cluster,
-        )
-        status = next_status(self._status, observation, now=datetime.now(UTC))
-        self.metrics.observe_run(namespace=self.context.namespace, name=self.context.name, status=status)
-        payload = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if payload == self._written:
-            return
-        if status.phase != self._status.phase:
-            await self.kube.post_event(
-                self.context.run, reason=f"Phase{status.phase}", message=status.message or str(status.phase)
-            )
-        await self.kube.patch_run_status(self.context.namespace, self.context.name, payload)
-        self.metrics.status_writes.inc()
-        self._status = status
-        self._written = payload
-        self._shown = counts
-        if status.phase is Phase.FAILED and not self._stopped_for_failure:
-            await self._stop_failed_run()
-
-    def _pool_running(self) -> int:
-        """Pool mode has no agent Jobs: its active agents are the running rollouts."""
-        if self.context.spec.agents.mode is not AgentsMode.POOL or self._rollout_counts is None:
-            return 0
-        return int(self._rollout_counts.get("running", 0))
-
-    def _trainer_fatal_error(self) -> str | None:
-        report = self._trainer_report
-        if report is None or not report.outcome.is_permanent:
-            return None
-        what = "configuration error" if report.outcome is TrainerOutcome.CONFIG_ERROR else "run failed"
-        return f"the trainer stopped ({what}): {report.message}"
-
-    def _trainer_error(self) -> str | None:
-        report = self._trainer_report
-        return None if report is None or report.outcome.is_permanent else report.message
-
-    async def _stop_failed_run(self) -> None:
+    async def stop_failed_run(self) -> None:
         """A failed run stops: no restarts of a trainer that cannot succeed, no agents left running.
 
         The trainer Job is suspended (its pod ends, the Job and its events stay for inspection) and the
         active agent Jobs are deleted; the claim loop launches nothing more.
         """
+        if self._stopped_for_failure:
+            return
         self._stopped_for_failure = True
         self._capacity.clear()
         self._pool_changed.set()  # a Pool run's pods go too

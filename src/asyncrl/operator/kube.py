@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
+from asyncrl.api.types.meta import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from asyncrl.operator import names
 
 logger = logging.getLogger(__name__)
@@ -207,8 +207,8 @@ class Kube:
             "note": message[:1024],
             "type": "Warning" if warning else "Normal",
             "regarding": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "AsyncTrainingRun",
+                "apiVersion": API_VERSION,
+                "kind": KIND,
                 "name": metadata["name"],
                 "namespace": metadata["namespace"],
                 "uid": metadata["uid"],

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 
-GROUP = "asyncrl.dev"
+from asyncrl.api.types.meta import (
+    GROUP as GROUP,  # the API group: the labels and annotations below live under it
+)
+
 MANAGED_BY = "asyncrl-operator"
 
 LABEL_NAME = "app.kubernetes.io/name"

@@ -23,6 +23,7 @@ from typing import Any
 from asyncrl.api import AsyncTrainingRunStatus, Phase
 from asyncrl.api.types.status import Condition, ConditionStatus, JobCounts, RolloutCounts, with_condition
 from asyncrl.rollouts import RolloutState
+from asyncrl.window_summary import WindowSummary
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class RunObservation:
     suspended: bool
     trainer_job: Mapping[str, Any] | None
     gateway_reachable: bool
-    summary: Mapping[str, Any] | None
-    rollout_counts: Mapping[str, int] | None
+    summary: WindowSummary | None
+    rollout_counts: Mapping[RolloutState, int] | None
     jobs_active: int
     jobs_created: int
     jobs_failed: int

@@ -12,13 +12,10 @@ The binaries come from `scripts/provision-k8s.sh`, which builds them into
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -29,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from asyncrl.launch.processes import free_port, stop_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +63,6 @@ def default_bin_dir() -> Path:
 
 def missing_binaries(bin_dir: Path) -> list[str]:
     return [name for name in REQUIRED_BINARIES if not os.access(bin_dir / name, os.X_OK)]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -122,16 +113,8 @@ class _Component:
         return None if self.process is None else self.process.poll()
 
     def stop(self, grace_seconds: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=grace_seconds)
+        if self.process is not None:
+            stop_process_group(self.process, grace_seconds=grace_seconds, kill_wait_seconds=grace_seconds)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from asyncrl.testing.podspec import ImageTable, container_argv, expand_references, map_paths, pod_field
+from asyncrl.launch.podspec import ImageTable, container_argv, expand_references, map_paths, pod_field
 
 logger = logging.getLogger(__name__)
 

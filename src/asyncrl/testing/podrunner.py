@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from asyncrl.launch.podspec import ImageTable
 from asyncrl.testing.podexec import JSON, ContainerRewrite, PodExecution
-from asyncrl.testing.podspec import ImageTable
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -12,6 +9,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from asyncrl.launch.processes import stop_process_group
 
 
 @dataclass
@@ -24,16 +23,7 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, grace_seconds: float = 10.0) -> int:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_seconds)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        return self.process.returncode
+        return stop_process_group(self.process, grace_seconds=grace_seconds)
 
 
 def start_server(

@@ -31,7 +31,7 @@ import httpx
 
 from asyncrl.gateway.client import GatewayClient, GatewayError, PauseResult
 from asyncrl.gateway.events_wire import EventsDocument
-from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, RolloutCreate, WindowSummary
+from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, RolloutCreate
 from asyncrl.pausing import DrainPolicy
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
@@ -43,7 +43,8 @@ from asyncrl.trainer.metrics import MetricsSinks, spread
 from asyncrl.trainer.prefetch import DEFAULT_BATCH_ROLLOUTS, PrefetchTotals, RolloutsMissing, RowPrefetcher
 from asyncrl.trainer.recovery import groups_of, plan_resync
 from asyncrl.trainer.rows import TrainingRow
-from asyncrl.trainer.window import Group, RolloutWindow, WindowConfig
+from asyncrl.trainer.window import Group, RolloutWindow
+from asyncrl.window_config import WindowConfig
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class StepLoop:
         while True:
             try:
                 stats = await self.gateway.stats()
-                return str(stats["instance_id"])
+                return stats.instance_id
             except GatewayFailure as error:
                 if isinstance(error, GatewayError) and error.status < 500:
                     raise
@@ -313,13 +314,14 @@ class StepLoop:
             aborted_calls=drain.aborted,
         )
         consumed_ids = [rollout_id for group in batch.consumed for rollout_id in group.rollout_ids]
+        reward_mean = _mean([row.reward for row in prepared.rows])
         metrics = {
             **summary.metrics(),
             **self._timing_metrics(consumed_ids),
             **prepared.counts.metrics(),
             **self._prefetch_metrics(),
             **(update.as_dict() if update is not None else {}),
-            "training/reward_mean": _mean([row.reward for row in prepared.rows]),
+            "training/reward_mean": reward_mean,
             "timing/step_seconds": time.monotonic() - started,
             "timing/update_phase_seconds": time.monotonic() - prepared.wait_started,
             "timing/pause_to_update_seconds": update_started - prepared.wait_started,
@@ -335,13 +337,10 @@ class StepLoop:
             await self.gateway.resume(model_version=self.backend.model_version)
             await self.gateway.delete_rollouts(consumed_ids)
             await self.gateway.put_summary(
-                WindowSummary(
-                    step=step,
-                    metrics=metrics,
-                    carry_over_age_histogram={
-                        str(age): n for age, n in summary.carry_over_age_histogram.items()
-                    },
+                summary.window_summary(
                     active_groups=len(window.active_groups),
+                    reward_mean=reward_mean,
+                    step_seconds=metrics["timing/step_seconds"],
                 )
             )
         except GatewayFailure as error:

@@ -16,7 +16,7 @@ import yaml
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
 from asyncrl.api.types.spec import TrainerBackend
 from asyncrl.api.types.verl_overrides import flatten_overrides
-from asyncrl.gateway.client import GatewayClient
+from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.gateway.models import TrainerOutcome, TrainerReport
 from asyncrl.trainer.adapter import AdapterConfig
@@ -274,12 +274,12 @@ def _exit_with(args: argparse.Namespace, outcome: TrainerOutcome, message: str) 
     if key:
         report = TrainerReport(outcome=outcome, message=one_line)
         try:
-            httpx.put(
-                f"{args.gateway_url.rstrip('/')}/api/trainer/report",
-                json=report.model_dump(mode="json"),
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=5.0,
-            ).raise_for_status()
-        except httpx.HTTPError as error:
+            asyncio.run(_report(args.gateway_url, key, report))
+        except (httpx.HTTPError, GatewayError) as error:
             logger.warning("could not report the failure to the gateway: %s", error)
     return EXIT_CODES[outcome]
+
+
+async def _report(gateway_url: str, key: str, report: TrainerReport) -> None:
+    async with GatewayClient(gateway_url, key, timeout_seconds=5.0) as gateway:
+        await gateway.report_trainer(report)

@@ -37,11 +37,10 @@ from asyncrl.api.types.rules import (
     immutable_rules,
 )
 from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
-from asyncrl.capturing import CaptureMode
-from asyncrl.gateway.config import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT
-from asyncrl.gateway.sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
+from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
 from asyncrl.pausing import DrainPolicy, PauseMode
-from asyncrl.trainer.window import StalenessPolicy, WindowConfig
+from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
+from asyncrl.window_config import StalenessPolicy, WindowConfig
 
 
 class ConfigMapKeyRef(ApiModel):
@@ -619,23 +618,6 @@ class GatewaySpec(ApiModel):
         pattern=r"^https?://\S+$",
         description="Gateway URL given to agents instead of the Service's, for agents that cannot reach it.",
     )
-
-    def pause_flags(self) -> list[str]:
-        """`asyncrl gateway` flags for these pause settings (the operator's sidecar and local mode)."""
-        return [
-            f"--retry-after-seconds={self.retry_after_seconds:.3f}",
-            f"--pause-mode={self.pause_mode.value.lower()}",
-            f"--hold-timeout-seconds={self.hold_timeout_seconds}",
-            f"--max-held-calls={self.max_held_calls}",
-        ]
-
-    def capture_flags(self) -> list[str]:
-        """`asyncrl gateway` flags for these capture settings (the operator's sidecar and local mode)."""
-        return [
-            f"--capture={self.capture.value.lower()}",
-            f"--max-capture-bytes={self.max_capture_bytes}",
-            f"--max-capture-bytes-per-rollout={self.max_capture_bytes_per_rollout}",
-        ]
 
 
 class AgentTemplateSpec(ApiModel):

@@ -15,6 +15,7 @@ from pydantic import AwareDatetime, Field
 
 from asyncrl.api.types.meta import ApiModel
 from asyncrl.rollouts import RolloutState
+from asyncrl.window_summary import WindowSummary
 
 
 class Phase(StrEnum):
@@ -103,18 +104,6 @@ class JobCounts(ApiModel):
     failed: int = Field(default=0, ge=0, description="Agent Jobs that failed.")
 
 
-# The trainer's per-step metrics (asyncrl.trainer.window.StepSummary.metrics) -> status fields.
-SEED_METRIC_FIELDS: Mapping[str, str] = {
-    "training/async/n_prev_carry_over_rollouts": "prev_carry_over_rollouts",
-    "training/async/n_completed_rollouts": "completed_rollouts",
-    "training/async/n_new_carry_over_rollouts": "new_carry_over_rollouts",
-    "training/async/new_carry_over_age_max_steps": "carry_over_age_max_steps",
-    "training/async/proxy_inflight_at_pause": "proxy_inflight_at_pause",
-    "training/async/proxy_drain_seconds": "proxy_drain_seconds",
-    "training/async/proxy_aborted_calls": "proxy_aborted_calls",
-}
-
-
 class AsyncTrainingRunStatus(ApiModel):
     """Progress of the run; the operator is its only writer."""
 
@@ -172,28 +161,26 @@ class AsyncTrainingRunStatus(ApiModel):
     )
     message: str | None = Field(default=None, description="What the run is doing or why it stopped.")
 
-    def with_window_summary(
-        self, summary: Mapping[str, Any], *, now: AwareDatetime
-    ) -> AsyncTrainingRunStatus:
+    def with_window_summary(self, summary: WindowSummary, *, now: AwareDatetime) -> AsyncTrainingRunStatus:
         """This status with the trainer's window summary (the gateway's /api/window/summary) applied.
 
-        `summary` has `step`, `metrics` (seed metric names), `carry_over_age_histogram` and `active_groups`.
-        lastStepTime becomes `now` only when the step advanced, so an unchanged summary changes nothing.
+        Fields the summary does not report (None) keep their value. lastStepTime becomes `now` only when the
+        step advanced, so an unchanged summary changes nothing.
         """
         update: dict[str, Any] = {}
-        step = int(summary["step"])
-        if step != self.step:
-            update["step"] = step
+        if summary.step != self.step:
+            update["step"] = summary.step
             update["last_step_time"] = now
-        metrics: Mapping[str, float] = summary.get("metrics") or {}
-        for metric, field_name in SEED_METRIC_FIELDS.items():
-            if metric in metrics:
-                value = metrics[metric]
-                update[field_name] = float(value) if field_name == "proxy_drain_seconds" else round(value)
-        if "carry_over_age_histogram" in summary:
-            update["carry_over_age_histogram"] = {
-                str(age): int(count) for age, count in summary["carry_over_age_histogram"].items()
-            }
-        if "active_groups" in summary:
-            update["active_groups"] = int(summary["active_groups"])
+        reported = {
+            "prev_carry_over_rollouts": summary.prev_carry_over_rollouts,
+            "completed_rollouts": summary.completed_rollouts,
+            "new_carry_over_rollouts": summary.new_carry_over_rollouts,
+            "carry_over_age_max_steps": summary.carry_over_age_max_steps,
+            "proxy_inflight_at_pause": summary.proxy_inflight_at_pause,
+            "proxy_drain_seconds": summary.proxy_drain_seconds,
+            "proxy_aborted_calls": summary.proxy_aborted_calls,
+        }
+        update.update({name: value for name, value in reported.items() if value is not None})
+        update["carry_over_age_histogram"] = dict(summary.carry_over_age_histogram)
+        update["active_groups"] = summary.active_groups
         return self.model_copy(update=update)

@@ -13,29 +13,86 @@ No verl import here: the operator and the API validation read this module withou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
-# verl key -> what sets it instead (shown in the error message).
-OWNED_VERL_KEYS: Mapping[str, str] = {
-    "data.train_batch_size": "spec.trainBatchSize (groups per update)",
-    "data.gen_batch_size": "spec.trainBatchSize; the window decides what is generated",
-    "actor_rollout_ref.rollout.n": "spec.rollout.samplesPerPrompt (sibling rollouts per group)",
-    "actor_rollout_ref.model.path": "spec.model.path",
-    "trainer.n_gpus_per_node": "spec.trainer.gpus (spec.trainer.gpusPerNode when nodes > 1)",
-    "trainer.nnodes": "spec.trainer.nodes",
-    "trainer.total_training_steps": "spec.totalSteps",
-    "trainer.total_epochs": "spec.totalSteps",
-    "trainer.use_v1": "the backend (verl's v1 trainer)",
-    "trainer.v1.trainer_mode": "the backend (colocate_async, the mode asyncrl drives)",
-    "trainer.default_local_dir": "spec.trainer.checkpoint (the trainer's --checkpoint-dir)",
-    "trainer.resume_mode": "the trainer (it resumes from its latest checkpoint)",
-    "algorithm.rollout_correction.rollout_is": "spec.rolloutCorrection.mode",
-    "algorithm.rollout_correction.rollout_is_threshold": "spec.rolloutCorrection.threshold",
-    "actor_rollout_ref.rollout.name": "the backend (vllm: the gateway needs its OpenAI server)",
-    "actor_rollout_ref.rollout.skip_tokenizer_init": "the backend (the OpenAI server needs the tokenizer)",
-    "transfer_queue.enable": "the backend (verl's v1 trainer needs it)",
+TRAINER_MODE = "colocate_async"  # the mode of verl's v1 trainer that asyncrl drives
+
+
+@dataclass(frozen=True)
+class RunVerlDecisions:
+    """What the run decides for verl: the values of the owned keys below (the verl backend fills it)."""
+
+    model_path: str
+    train_batch_size: int  # groups per update
+    rollout_n: int
+    gpus: int  # per node
+    nnodes: int  # more than 1: a KubeRay RayCluster the trainer joins as the driver
+    total_steps: int | None  # None: verl's own end (the epochs) decides
+    rollout_is: Literal["token", "sequence"] | None  # None: rollout correction off
+    rollout_is_threshold: float
+    checkpoint_dir: str
+
+
+@dataclass(frozen=True)
+class OwnedVerlKey:
+    """A verl key the run decides: what sets it instead (shown in the error message) and its value."""
+
+    set_by: str
+    value: Callable[[RunVerlDecisions], Any]
+
+
+# The one list of owned keys: loading a run refuses them in verlOverrides, the verl backend sets them.
+OWNED_VERL_KEYS: Mapping[str, OwnedVerlKey] = {
+    "data.train_batch_size": OwnedVerlKey(
+        "spec.trainBatchSize (groups per update)", lambda run: run.train_batch_size
+    ),
+    "data.gen_batch_size": OwnedVerlKey(
+        "spec.trainBatchSize; the window decides what is generated", lambda _: 1
+    ),
+    "actor_rollout_ref.rollout.n": OwnedVerlKey(
+        "spec.rollout.samplesPerPrompt (sibling rollouts per group)", lambda run: run.rollout_n
+    ),
+    "actor_rollout_ref.model.path": OwnedVerlKey("spec.model.path", lambda run: run.model_path),
+    "trainer.n_gpus_per_node": OwnedVerlKey(
+        "spec.trainer.gpus (spec.trainer.gpusPerNode when nodes > 1)", lambda run: run.gpus
+    ),
+    "trainer.nnodes": OwnedVerlKey("spec.trainer.nodes", lambda run: run.nnodes),
+    "trainer.total_training_steps": OwnedVerlKey("spec.totalSteps", lambda run: run.total_steps),
+    "trainer.total_epochs": OwnedVerlKey("spec.totalSteps", lambda _: 1),
+    "trainer.use_v1": OwnedVerlKey("the backend (verl's v1 trainer)", lambda _: True),
+    "trainer.v1.trainer_mode": OwnedVerlKey(
+        "the backend (colocate_async, the mode asyncrl drives)", lambda _: TRAINER_MODE
+    ),
+    "trainer.default_local_dir": OwnedVerlKey(
+        "spec.trainer.checkpoint (the trainer's --checkpoint-dir)", lambda run: run.checkpoint_dir
+    ),
+    "trainer.resume_mode": OwnedVerlKey(
+        "the trainer (it resumes from its latest checkpoint)", lambda _: "disable"
+    ),
+    "algorithm.rollout_correction.rollout_is": OwnedVerlKey(
+        "spec.rolloutCorrection.mode", lambda run: run.rollout_is
+    ),
+    "algorithm.rollout_correction.rollout_is_threshold": OwnedVerlKey(
+        "spec.rolloutCorrection.threshold", lambda run: run.rollout_is_threshold
+    ),
+    "actor_rollout_ref.rollout.name": OwnedVerlKey(
+        "the backend (vllm: the gateway needs its OpenAI server)", lambda _: "vllm"
+    ),
+    "actor_rollout_ref.rollout.skip_tokenizer_init": OwnedVerlKey(
+        "the backend (the OpenAI server needs the tokenizer)", lambda _: False
+    ),
+    "transfer_queue.enable": OwnedVerlKey("the backend (verl's v1 trainer needs it)", lambda _: True),
 }
+
+
+def owned_verl_values(run: RunVerlDecisions) -> dict[str, Any]:
+    """The owned keys with the run's values (`trainer.total_training_steps` only when the run sets it)."""
+    values = {key: owned.value(run) for key, owned in OWNED_VERL_KEYS.items()}
+    if run.total_steps is None:
+        del values["trainer.total_training_steps"]
+    return values
 
 
 def flatten_overrides(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -58,8 +115,8 @@ def owned_key_errors(overrides: Mapping[str, Any]) -> list[str]:
     errors = []
     for key in flatten_overrides(overrides):
         bare = key.lstrip("+")
-        for owned, instead in OWNED_VERL_KEYS.items():
+        for owned, by in OWNED_VERL_KEYS.items():
             if bare == owned or owned.startswith(bare + "."):
-                errors.append(f"{key!r} is set by {instead}; remove it from spec.trainer.verlOverrides")
+                errors.append(f"{key!r} is set by {by.set_by}; remove it from spec.trainer.verlOverrides")
                 break
     return errors

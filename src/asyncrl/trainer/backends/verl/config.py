@@ -14,13 +14,12 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from asyncrl.api import AsyncTrainingRun
-from asyncrl.api.types.verl_overrides import flatten_overrides
+from asyncrl.api.types.verl_overrides import RunVerlDecisions, flatten_overrides, owned_verl_values
 
 VERL_CONFIG_NAME = "ppo_trainer"
-TRAINER_MODE = "colocate_async"
 
 # Our defaults where verl's do not suit an agent run; every one may be overridden in verlOverrides.
 ASYNCRL_DEFAULTS: Mapping[str, Any] = {
@@ -54,44 +53,15 @@ class VerlConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class VerlSettings:
+class VerlSettings(RunVerlDecisions):
     """What the run decides for verl, and the user's overrides (flat, checked against the owned keys)."""
 
-    model_path: str
-    train_batch_size: int  # groups per update
-    rollout_n: int
-    gpus: int  # per node
-    total_steps: int | None
-    rollout_is: Literal["token", "sequence"] | None  # None: rollout correction off
-    rollout_is_threshold: float
-    checkpoint_dir: str
     experiment_name: str
     overrides: Mapping[str, Any] = field(default_factory=dict)
-    nnodes: int = 1  # more: a KubeRay RayCluster the trainer joins as the driver (cluster.py)
 
     def owned(self) -> dict[str, Any]:
         """The keys the run sets (OWNED_VERL_KEYS), with their values."""
-        owned: dict[str, Any] = {
-            "data.train_batch_size": self.train_batch_size,
-            "data.gen_batch_size": 1,
-            "actor_rollout_ref.rollout.n": self.rollout_n,
-            "actor_rollout_ref.model.path": self.model_path,
-            "trainer.n_gpus_per_node": self.gpus,
-            "trainer.nnodes": self.nnodes,
-            "trainer.total_epochs": 1,
-            "trainer.use_v1": True,
-            "trainer.v1.trainer_mode": TRAINER_MODE,
-            "trainer.default_local_dir": self.checkpoint_dir,
-            "trainer.resume_mode": "disable",
-            "algorithm.rollout_correction.rollout_is": self.rollout_is,
-            "algorithm.rollout_correction.rollout_is_threshold": self.rollout_is_threshold,
-            "actor_rollout_ref.rollout.name": "vllm",
-            "actor_rollout_ref.rollout.skip_tokenizer_init": False,
-            "transfer_queue.enable": True,
-        }
-        if self.total_steps is not None:
-            owned["trainer.total_training_steps"] = self.total_steps
-        return owned
+        return owned_verl_values(self)
 
     def defaults(self) -> dict[str, Any]:
         """ASYNCRL_DEFAULTS plus the ones that follow from the run (one optimizer step per update)."""

@@ -1,0 +1,88 @@
+"""What every router shares: the gateway's parts, the one error shape, and the two access rules.
+
+Off the hot path, so clarity wins here: typed request models and one error shape (`{"error": ..., ...}`).
+The gateway key may call everything; an agent token only its own rollout's routes. Requests reach these
+routes only through the door (`door.py`: token before body, byte and JSON limits), because FastAPI reads a
+body before it runs dependencies; the auth dependencies here repeat the door's rule as a second line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Header
+from fastapi.params import Depends as DependsParam
+
+from asyncrl.gateway.auth import Access, check_access
+from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.metrics import GatewayMetrics
+from asyncrl.gateway.pause import PauseState
+from asyncrl.gateway.proxy import ProxyHandler
+from asyncrl.gateway.store import Rollout, RolloutNotFound, RolloutStore
+from asyncrl.pausing import PauseMode
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error: str, **extra: Any) -> None:
+        super().__init__(error)
+        self.status = status
+        self.body = {"error": error, **extra}
+
+
+@dataclass(frozen=True)
+class GatewayParts:
+    """The state the routes act on (one of each per gateway process)."""
+
+    config: GatewayConfig
+    pause: PauseState
+    store: RolloutStore
+    metrics: GatewayMetrics
+    proxy: ProxyHandler
+
+    @property
+    def key(self) -> str:
+        return self.config.key.get_secret_value()
+
+    def pause_fields(self) -> dict[str, Any]:
+        """The pause state's fields (of `PauseView`) as the pause routes and /api/stats answer them."""
+        pause, proxy = self.pause, self.proxy
+        state: dict[str, Any] = {**pause.snapshot().as_json(), "model_version": pause.model_version}
+        if self.config.pause_mode is PauseMode.HOLD:  # Reject mode's state stays the seed's, byte for byte
+            state["pause_mode"] = self.config.pause_mode
+            state["held"] = len(proxy.held)
+            state["held_oldest_seconds"] = round(proxy.held.oldest_wait_seconds(), 3)
+        return state
+
+    def rollout(self, rollout_id: str) -> Rollout:
+        """The stored rollout, or 404 naming it."""
+        try:
+            return self.store.get(rollout_id)
+        except RolloutNotFound as error:
+            raise ApiError(404, str(error), rollout_id=rollout_id) from error
+
+
+def management(parts: GatewayParts) -> DependsParam:
+    """The dependency of routes only the gateway key may call."""
+
+    def check(authorization: Annotated[str | None, Header()] = None) -> None:
+        access = check_access(parts.key, authorization)
+        if access is Access.MISSING:
+            raise ApiError(401, "missing bearer token (the gateway key)")
+        if access is not Access.MANAGEMENT:
+            raise ApiError(403, "this route needs the gateway key")
+
+    return DependsParam(check)
+
+
+def rollout_access(parts: GatewayParts) -> DependsParam:
+    """The dependency of a rollout's own routes: the gateway key, or that rollout's agent token."""
+
+    def check(rollout_id: str, authorization: Annotated[str | None, Header()] = None) -> None:
+        access = check_access(parts.key, authorization, rollout_id)
+        if access is Access.MISSING:
+            raise ApiError(401, "missing bearer token")
+        if access is Access.DENIED:
+            raise ApiError(403, "this token is not valid for this rollout")
+
+    return DependsParam(check)

@@ -1,0 +1,107 @@
+"""The rollout store's routes: create, list, claim (long-poll), launch, transition, delete.
+
+The trainer creates rollouts; the operator (or local mode) claims and launches them and reports their states.
+The rollouts' events are `events.py`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+
+from asyncrl.gateway.models import (
+    ClaimRequest,
+    DeleteRequest,
+    LaunchReceipt,
+    LaunchRequest,
+    RolloutCreate,
+    RolloutView,
+    Transition,
+)
+from asyncrl.gateway.routes.common import ApiError, GatewayParts, management, rollout_access
+from asyncrl.gateway.store import (
+    RolloutConflict,
+)
+from asyncrl.rollouts import RolloutState
+
+
+def rollouts_router(parts: GatewayParts) -> APIRouter:
+    router = APIRouter()
+    store = parts.store
+    Management = management(parts)
+    OwnRollout = rollout_access(parts)
+
+    @router.post("/api/rollouts", status_code=201, dependencies=[Management])
+    async def create_rollouts(requests: list[RolloutCreate]) -> dict[str, list[RolloutView]]:
+        try:
+            created = store.create(requests)
+        except RolloutConflict as error:
+            raise ApiError(409, str(error)) from error
+        return {"rollouts": [rollout.view() for rollout in created]}
+
+    @router.get("/api/rollouts", dependencies=[Management])
+    async def list_rollouts(state: RolloutState | None = None, group_id: str | None = None) -> dict[str, Any]:
+        rollouts = store.select(state=state, group_id=group_id)
+        return {"rollouts": [rollout.view() for rollout in rollouts], "cursor": store.feed_cursor}
+
+    @router.post("/api/rollouts/claim", dependencies=[Management])
+    async def claim(
+        http_request: Request, request: Annotated[ClaimRequest | None, Body()] = None
+    ) -> dict[str, list[RolloutView]]:
+        request = request or ClaimRequest()
+        claiming = asyncio.ensure_future(
+            store.claim(
+                limit=request.limit,
+                wait_seconds=request.wait_seconds,
+                lease_seconds=request.lease_seconds,
+                takeover=request.takeover,
+            )
+        )
+        # The next ASGI message of a request whose body is read is its disconnect: race the long-poll against
+        # it, so a claimer that gives up never leaves rollouts leased to nobody.
+        disconnect = asyncio.ensure_future(http_request.receive())
+        try:
+            await asyncio.wait({claiming, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnect.cancel()
+        if not claiming.done():
+            claiming.cancel()
+            return {"rollouts": []}
+        claimed = claiming.result()
+        return {"rollouts": [rollout.view() for rollout in claimed]}
+
+    @router.post("/api/rollouts/delete", dependencies=[Management])
+    async def delete_rollouts(request: DeleteRequest) -> dict[str, int]:
+        return {"deleted": store.delete(request.rollout_ids)}
+
+    @router.get("/api/rollouts/{rollout_id}", dependencies=[OwnRollout])
+    async def get_rollout(rollout_id: str) -> RolloutView:
+        return parts.rollout(rollout_id).view()
+
+    @router.post("/api/rollouts/{rollout_id}/transition", dependencies=[Management])
+    async def transition(rollout_id: str, request: Transition) -> RolloutView:
+        parts.rollout(rollout_id)
+        try:
+            rollout = store.transition(
+                rollout_id, request.state, message=request.message, attempt_id=request.attempt_id
+            )
+        except RolloutConflict as error:
+            raise ApiError(409, str(error)) from error
+        return rollout.view()
+
+    @router.post("/api/rollouts/{rollout_id}/launch", dependencies=[Management])
+    async def launch(rollout_id: str, request: LaunchRequest) -> LaunchReceipt:
+        """Mark the rollout launched (the operator calls this before creating its agent Job); 409 if another
+        launch won or the rollout is no longer queued."""
+        parts.rollout(rollout_id)
+        try:
+            rollout = store.launch(rollout_id, launch_id=request.launch_id)
+        except RolloutConflict as error:
+            raise ApiError(409, str(error), rollout_id=rollout_id) from error
+        return LaunchReceipt(
+            rollout=rollout.view(), instance_id=store.instance_id, totals=store.launch_totals
+        )
+
+    return router
