@@ -57,12 +57,26 @@ class AgentEnvironment:
     ) -> AgentEnvironment:
         """What the operator and local mode give the agent of one rollout attempt."""
         from asyncrl.gateway.auth import agent_token
+
+        return cls.with_token(
+            gateway_url=gateway_url,
+            token=agent_token(gateway_key, rollout_id),
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            mode=mode,
+        )
+
+    @classmethod
+    def with_token(
+        cls, *, gateway_url: str, token: str, rollout_id: str, attempt_id: str, mode: str = "train"
+    ) -> AgentEnvironment:
+        """The same, from the rollout's agent token (a pool pod is handed it and never holds the key)."""
         from asyncrl.gateway.paths import events_path, proxy_base_path
 
         base = gateway_url.rstrip("/")
         rollout = base + proxy_base_path(rollout_id=rollout_id, attempt_id=attempt_id, mode=mode)
         events = base + events_path(rollout_id=rollout_id, attempt_id=attempt_id)
-        return cls(rollout, events, agent_token(gateway_key, rollout_id))
+        return cls(rollout, events, token)
 
     def as_env(self) -> dict[str, str]:
         return {

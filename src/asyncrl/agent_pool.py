@@ -35,13 +35,13 @@ from typing import Any
 
 import httpx
 
-from asyncrl.agent import AgentEnvironment
 from asyncrl.gateway.models import RolloutView
 from asyncrl.gateway.pool_models import PoolAssignment, PoolClaim, PoolOutcome
 from asyncrl.operator import names
+from asyncrl.operator.agent_jobs import agent_launch
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.pool import POOL_TOKEN_ENV, WORKER_ENV
-from asyncrl.operator.templates import TemplateError, render_job, rollout_variables
+from asyncrl.operator.templates import TemplateError, render_job
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
@@ -186,23 +186,18 @@ class PoolRunner:
 
     async def run_one(self, rollout: RolloutView, agent_key: str) -> None:
         settings = self.settings
-        variables = rollout_variables(
+        launch = agent_launch(
             rollout,
-            attempt_id=ATTEMPT_ID,
-            job_name=names.agent_job_name(settings.run_name, rollout.rollout_id),
             run_name=settings.run_name,
             namespace=settings.namespace,
-        )
-        environment = AgentEnvironment.for_rollout(
+            job_name=names.agent_job_name(settings.run_name, rollout.rollout_id),
             gateway_url=settings.gateway_url,
-            gateway_key="unused",  # the token comes from the gateway: this pod never holds the gateway key
-            rollout_id=rollout.rollout_id,
-            attempt_id=ATTEMPT_ID,
-            mode=rollout.mode,
+            agent_token=agent_key,  # handed out by the gateway: this pod never holds the gateway key
         )
-        agent_env = {**environment.as_env(), "AGL_KEY": agent_key}
         try:
-            argv, env = agent_process(render_job(settings.template, variables), agent_env, self.pod_env)
+            argv, env = agent_process(
+                render_job(settings.template, launch.variables), launch.env, self.pod_env
+            )
         except TemplateError as error:
             await self.gateway.report(rollout.rollout_id, RolloutState.FAILED, f"agent template: {error}")
             return

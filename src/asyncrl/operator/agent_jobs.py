@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.agent import AgentEnvironment
+from asyncrl.gateway.auth import agent_token as token_for
 from asyncrl.gateway.models import RolloutView
 from asyncrl.operator import names
 from asyncrl.operator.names import ATTEMPT_ID
@@ -30,17 +31,30 @@ class AgentLaunch:
 
 
 def agent_launch(
-    rollout: RolloutView, *, run_name: str, namespace: str, job_name: str, gateway_url: str, gateway_key: str
+    rollout: RolloutView,
+    *,
+    run_name: str,
+    namespace: str,
+    job_name: str,
+    gateway_url: str,
+    gateway_key: str | None = None,
+    agent_token: str | None = None,
 ) -> AgentLaunch:
-    """The one rollout → agent step, shared by the operator (a Job), local mode (a process) and
-    `asyncrl manifest agent-job` (a preview): the rollout's template variables and its gateway URLs and token.
+    """The one rollout → agent step, shared by the operator (a Job), local mode (a process), a pool pod
+    (`agent_pool.py`) and `asyncrl manifest agent-job` (a preview): the rollout's template variables and its
+    gateway URLs and token. The token is derived from `gateway_key`, or given (`agent_token`: a pool pod is
+    handed it by the gateway and never holds the key).
     """
     variables = rollout_variables(
         rollout, attempt_id=ATTEMPT_ID, job_name=job_name, run_name=run_name, namespace=namespace
     )
-    env = AgentEnvironment.for_rollout(
+    if agent_token is None:
+        if gateway_key is None:
+            raise ValueError("agent_launch needs the gateway key or the rollout's agent token")
+        agent_token = token_for(gateway_key, rollout.rollout_id)
+    env = AgentEnvironment.with_token(
         gateway_url=gateway_url,
-        gateway_key=gateway_key,
+        token=agent_token,
         rollout_id=rollout.rollout_id,
         attempt_id=ATTEMPT_ID,
         mode=rollout.mode,
