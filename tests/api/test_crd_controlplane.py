@@ -93,6 +93,9 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
         "drainPolicy": "Abort",
         "holdTimeoutSeconds": 900,
         "maxHeldCalls": 10000,
+        "capture": "Compact",
+        "maxCaptureBytes": 1073741824,
+        "maxCaptureBytesPerRollout": 67108864,
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
     }
     assert stored["logging"] == {"wandb": {"mode": "Offline"}}

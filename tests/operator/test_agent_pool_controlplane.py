@@ -167,6 +167,15 @@ def test_a_pool_runner_killed_mid_rollout_fails_that_rollout_and_never_runs_it_a
         return lines if len(lines) == 2 else None
 
     lines = wait_for(both_hanging, timeout=180, what="both pool pods to run a hanging rollout")
+
+    def shows_both_running() -> bool:
+        status = run_status(api_client, namespace, "killed-pool")
+        return (status.get("rollouts") or {}).get("running") == 2 and (status.get("jobs") or {}).get(
+            "active"
+        ) == 2
+
+    # A pool makes no agent Jobs: its running agents are what jobs.active shows (kubectl get atr's ACTIVE).
+    wait_for(shows_both_running, timeout=120, what="the status to show the pool's two running agents")
     for _, _, runner in lines:
         os.kill(runner, signal.SIGKILL)  # the pool runner, the container's main process: no grace, no report
     wait_for(
