@@ -174,7 +174,9 @@ def test_a_pool_runner_killed_mid_rollout_fails_that_rollout_and_never_runs_it_a
             "active"
         ) == 2
 
-    # A pool makes no agent Jobs: its running agents are what jobs.active shows (kubectl get atr's ACTIVE).
+    # A pool makes no agent Jobs: its running agents are what jobs.active shows (kubectl get atr's ACTIVE),
+    # and with no Job events between steps the writer learns of them from the counts it reads (CI caught the
+    # status never written while both agents hung).
     wait_for(shows_both_running, timeout=120, what="the status to show the pool's two running agents")
     for _, _, runner in lines:
         os.kill(runner, signal.SIGKILL)  # the pool runner, the container's main process: no grace, no report

@@ -103,9 +103,10 @@ class StatusWriter:
                 self._summary = summary
                 self._dirty.set()
             # Now, while the gateway is surely up: counts, and a trainer report (which also ends the wait).
-            report = self._trainer_report
+            # Changed counts are written too: a Pool run has no Job events to wake the writer between steps.
+            report, counts = self._trainer_report, self._rollout_counts
             await self._read_stats()
-            if self._trainer_report != report:
+            if self._trainer_report != report or self._rollout_counts != counts:
                 self._dirty.set()
 
     async def status_loop(self) -> None:
