@@ -232,7 +232,14 @@ def test_a_broken_upstream_stream_gives_the_agent_a_clean_error_and_no_captured_
         ):
             received.append(chunk.choices[0].delta.content or "")
     assert message in raised.value.message
-    assert "".join(received) == "alpha beta"  # what came before the break
+    text = "".join(received)
+    if knob == "fake_stream_malformed_after":
+        assert text == "alpha beta"  # what came before the break
+    else:
+        # What came before a cut connection is relayed as far as the gateway read it before the cut: aiohttp's
+        # StreamReader raises the connection error before handing out bytes that arrived together with it
+        # (seen in CI on a loaded machine), so the agent may get less, never anything else.
+        assert "alpha beta".startswith(text)
     assert calls_of(gateway, "r1") == []
     assert labelled(gateway, "asyncrl_gateway_streamed_calls_total", 'outcome="failed"') == 1
 

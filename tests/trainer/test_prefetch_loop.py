@@ -123,14 +123,14 @@ def test_with_prefetching_the_paused_gateway_sees_no_events_request(tmp_path: Pa
     _assert_whole_groups_trained_once(backend)
     assert client.single_reads == {"paused": 0, "running": 0}
     assert client.batch_reads["paused"] == 0
-    # Batches of at most 3 rollouts: at least 2 per step's 4 consumed rollouts, fewer than one per rollout.
-    assert 2 * STEPS <= client.batch_reads["running"] < STEPS * TRAIN_BATCH * 2
     for line in metrics:
         assert line["training/prefetch/rollouts_fetched_at_pause"] == 0
         assert line["timing/pause_to_update_seconds"] >= 0
-    assert (
-        sum(line["training/prefetch/rollouts_prepared_ahead"] for line in metrics) >= STEPS * TRAIN_BATCH * 2
-    )
+    prepared = int(sum(line["training/prefetch/rollouts_prepared_ahead"] for line in metrics))
+    assert prepared >= STEPS * TRAIN_BATCH * 2
+    # Batches of at most 3 rollouts, fewer requests than rollouts. A batch may hold groups of two steps (it
+    # takes whatever groups have completed), so the bound is over the whole run, not per step.
+    assert -(-prepared // 3) <= client.batch_reads["running"] < STEPS * TRAIN_BATCH * 2
 
 
 @pytest.mark.slow
