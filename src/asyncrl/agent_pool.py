@@ -25,7 +25,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import re
 import signal
 import socket
 from collections.abc import Coroutine, Mapping
@@ -38,7 +37,7 @@ import httpx
 from asyncrl.gateway.models import RolloutView
 from asyncrl.gateway.pool_models import PoolAssignment, PoolClaim, PoolOutcome
 from asyncrl.operator import names
-from asyncrl.operator.agent_jobs import agent_launch
+from asyncrl.operator.agent_jobs import agent_launch, agent_process
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.pool import POOL_TOKEN_ENV, WORKER_ENV
 from asyncrl.operator.templates import TemplateError, render_job
@@ -63,38 +62,22 @@ class PoolSettings:
     cancel_poll_seconds: float = CANCEL_POLL_SECONDS  # how often a running rollout's state is read
 
 
-def agent_process(
+def pool_agent_process(
     job: Mapping[str, Any], agent_env: Mapping[str, str], pod_env: Mapping[str, str]
 ) -> tuple[list[str], dict[str, str]]:
     """argv and env of the rendered Job's first container, as the pool pod runs it.
 
     The env starts from the pod's own (which holds the template's `valueFrom` entries, resolved by the
     kubelet for the pool's container), without the pool token; then the rendered `value`s; then AGL_*."""
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    if not container.get("command"):
-        raise TemplateError(
-            f"container {container.get('name')!r} has no command; agents.mode Pool runs the template's "
-            "command inside the pool pod (the image's entrypoint is the pool runner), so give a command"
-        )
-    env = {name: value for name, value in pod_env.items() if name not in (POOL_TOKEN_ENV, WORKER_ENV)}
-    for variable in container.get("env") or []:
-        if "valueFrom" not in variable:
-            env[variable["name"]] = str(variable.get("value", ""))
-    env.update(agent_env)
-    argv = [_expand(part, env) for part in [*container["command"], *(container.get("args") or [])]]
-    return argv, env
-
-
-_VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
-
-
-def _expand(value: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion of command and args (unknown names kept, `$$` a dollar)."""
-
-    def replace(match: re.Match[str]) -> str:
-        return "$" if match.group(0) == "$$" else env.get(match.group(1), match.group(0))
-
-    return _VAR_REFERENCE.sub(replace, value)
+    inherited = {name: value for name, value in pod_env.items() if name not in (POOL_TOKEN_ENV, WORKER_ENV)}
+    argv, added = agent_process(
+        job,
+        agent_env,
+        inherited=inherited,
+        why_a_command="agents.mode Pool runs the template's command inside the pool pod (the image's "
+        "entrypoint is the pool runner), so give a command",
+    )
+    return argv, {**inherited, **added}
 
 
 class PoolGateway:
@@ -195,7 +178,7 @@ class PoolRunner:
             agent_token=agent_key,  # handed out by the gateway: this pod never holds the gateway key
         )
         try:
-            argv, env = agent_process(
+            argv, env = pool_agent_process(
                 render_job(settings.template, launch.variables), launch.env, self.pod_env
             )
         except TemplateError as error:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
+from asyncrl.local.agents import agent_command
 from asyncrl.operator import names
-from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
+from asyncrl.operator.agent_jobs import AgentJobSettings, agent_process, shape_agent_job
 from asyncrl.operator.job_state import rollout_state_of_job
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
+from asyncrl.operator.templates import TemplateError
 from asyncrl.rollouts import RolloutState
 
 OWNER = {"apiVersion": "asyncrl.dev/v1alpha1", "kind": "AsyncTrainingRun", "name": "demo", "uid": "u-1"}
@@ -117,3 +121,33 @@ def test_numeric_resource_quantities_leave_as_strings() -> None:
     )
     resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources == {"limits": {"cpu": "2", "memory": "1Gi"}, "requests": {"cpu": "0.5"}}
+
+
+def _agent_container_job(**container: object) -> dict[str, object]:
+    base = {"name": "agent", "image": "python", "command": ["python", "$(SCRIPT)"]}
+    base["args"] = ["--q=$(QUESTION)"]
+    return {"spec": {"template": {"spec": {"containers": [base | container]}}}}
+
+
+def test_an_agent_process_expands_against_the_runners_env_and_returns_only_what_the_job_adds() -> None:
+    job = _agent_container_job(env=[{"name": "QUESTION", "value": "2+2?"}])
+    argv, env = agent_process(
+        job, {"AGL_KEY": "aglr-x"}, inherited={"SCRIPT": "agent.py", "HOME": "/root"}, why_a_command="-"
+    )
+    assert argv == ["python", "agent.py", "--q=2+2?"]
+    assert env == {"QUESTION": "2+2?", "AGL_KEY": "aglr-x"}  # the runner's own env is not repeated
+
+
+def test_an_agent_process_refuses_value_from_only_where_the_runner_cannot_resolve_it() -> None:
+    secret = {"secretKeyRef": {"name": "s", "key": "k"}}
+    job = _agent_container_job(env=[{"name": "TOKEN", "valueFrom": secret}])
+    with pytest.raises(TemplateError, match="cannot resolve valueFrom of env 'TOKEN'"):
+        agent_command(job, {})
+    _, env = agent_process(job, {}, inherited={"TOKEN": "from-kubelet"}, why_a_command="-")
+    assert "TOKEN" not in env  # left to the inherited env, where the kubelet put it
+
+
+def test_a_local_agent_without_a_command_is_refused_saying_local_mode_runs_the_command() -> None:
+    job = {"spec": {"template": {"spec": {"containers": [{"name": "agent", "image": "python"}]}}}}
+    with pytest.raises(TemplateError, match="'agent' has no command; local mode runs the command"):
+        agent_command(job, {})

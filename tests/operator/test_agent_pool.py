@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.agent_pool import agent_process
+from asyncrl.agent_pool import pool_agent_process
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.operator import names
 from asyncrl.operator.pool import (
@@ -104,7 +104,7 @@ def test_mode_defaults_to_jobs_and_a_bad_mode_names_the_field() -> None:
         _spec(mode="Pods")
 
 
-def test_the_agent_process_is_the_rendered_command_with_its_values_and_agl_env_and_no_pool_token() -> None:
+def test_the_pool_agent_process_is_the_rendered_command_with_its_values_and_agl_env_no_pool_token() -> None:
     job = {
         "spec": {
             "template": {
@@ -118,7 +118,7 @@ def test_the_agent_process_is_the_rendered_command_with_its_values_and_agl_env_a
         }
     }
     pod_env = {"PATH": "/bin", "TOKEN": "from-kubelet", POOL_TOKEN_ENV: "secret", "QUESTION": "<question>"}
-    argv, env = agent_process(job, {"AGL_KEY": "aglr-x"}, pod_env)
+    argv, env = pool_agent_process(job, {"AGL_KEY": "aglr-x"}, pod_env)
     assert argv == ["python", "agent.py", "--q=2+2?"]
     assert env["QUESTION"] == "2+2?"
     assert env["TOKEN"] == "from-kubelet"  # valueFrom: resolved in the pool pod's own environment
@@ -129,4 +129,4 @@ def test_the_agent_process_is_the_rendered_command_with_its_values_and_agl_env_a
 def test_a_template_without_a_command_is_refused_with_the_reason() -> None:
     job = {"spec": {"template": {"spec": {"containers": [{"name": "agent", "image": "x"}]}}}}
     with pytest.raises(TemplateError, match="give a command"):
-        agent_process(job, {}, {})
+        pool_agent_process(job, {}, {})

@@ -28,8 +28,7 @@ import httpx
 
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.models import RolloutView
-from asyncrl.launch.podspec import Image, container_argv
-from asyncrl.operator.agent_jobs import agent_launch
+from asyncrl.operator.agent_jobs import agent_launch, agent_process
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.templates import TemplateError, render_job
 from asyncrl.rollouts import RolloutState
@@ -40,23 +39,14 @@ DEFAULT_MAX_ACTIVE = 32
 
 
 def agent_command(job: Mapping[str, Any], agent_env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-    """argv and env of the Job's first container, as a local process would run it."""
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    env: dict[str, str] = {}
-    for variable in container.get("env") or []:
-        if "valueFrom" in variable:
-            raise TemplateError(
-                f"local mode cannot resolve valueFrom of env {variable['name']!r}; "
-                "give a value, or run on a cluster"
-            )
-        env[variable["name"]] = str(variable.get("value", ""))
-    env.update(agent_env)
-    if not container.get("command"):
-        raise TemplateError(
-            f"container {container.get('name')!r} has no command; local mode runs the command, not the image"
-        )
-    argv = container_argv(Image(), container.get("command"), container.get("args"), {**os.environ, **env})
-    return argv, env
+    """argv and env of the Job's first container, as a local process would run it (beside this one's env)."""
+    return agent_process(
+        job,
+        agent_env,
+        inherited=os.environ,
+        why_a_command="local mode runs the command, not the image",
+        value_from="local mode cannot resolve valueFrom of env {name!r}; give a value, or run on a cluster",
+    )
 
 
 class LocalAgents:

@@ -17,9 +17,10 @@ from typing import Any
 from asyncrl.agent import AgentEnvironment
 from asyncrl.gateway.auth import agent_token as token_for
 from asyncrl.gateway.models import RolloutView
+from asyncrl.launch.podspec import Image, container_argv
 from asyncrl.operator import names
 from asyncrl.operator.names import ATTEMPT_ID
-from asyncrl.operator.templates import rollout_variables
+from asyncrl.operator.templates import TemplateError, rollout_variables
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,37 @@ def agent_launch(
         mode=rollout.mode,
     )
     return AgentLaunch(variables=variables, env=env.as_env())
+
+
+def agent_process(
+    job: Mapping[str, Any],
+    agent_env: Mapping[str, str],
+    *,
+    inherited: Mapping[str, str],
+    why_a_command: str,
+    value_from: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """argv and env of a rendered agent Job's first container, run as a process without a container runtime
+    (local mode, the pool pod). The env returned is what the Job adds to `inherited` (the runner's own env):
+    the template's `value`s, then the AGL_* env; the argv is the container's command and args with
+    Kubernetes' $(VAR) expansion against `inherited` with those added.
+
+    `why_a_command` ends the error for a container without a command. `value_from` is the error for a
+    `valueFrom` entry (formatted with its `name`), or None where the runner's own environment already holds
+    those entries (the pool pod: the kubelet resolved them).
+    """
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    if not container.get("command"):
+        raise TemplateError(f"container {container.get('name')!r} has no command; {why_a_command}")
+    env: dict[str, str] = {}
+    for variable in container.get("env") or []:
+        if "valueFrom" not in variable:
+            env[variable["name"]] = str(variable.get("value", ""))
+        elif value_from is not None:
+            raise TemplateError(value_from.format(name=variable["name"]))
+    env.update(agent_env)
+    argv = container_argv(Image(), container["command"], container.get("args"), {**inherited, **env})
+    return argv, env
 
 
 @dataclass(frozen=True)
