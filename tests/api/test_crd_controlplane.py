@@ -362,6 +362,21 @@ SPEC_CASES: dict[str, tuple[Any, str | None]] = {
         lambda spec: spec["trainer"].update(backend="Reference", nodes=2, checkpoint={"claimName": "ckpt"}),
         "spec.trainer.nodes",
     ),
+    "multi-node-gateway-port-in-rays-range": (
+        lambda spec: (
+            spec["trainer"].update(backend="Verl", nodes=2, checkpoint={"claimName": "ckpt"}),
+            spec.update(gateway={"port": 10500}),
+        ),
+        "spec.gateway.port",
+    ),
+    "multi-node-gateway-port-rays-dashboard": (
+        lambda spec: (
+            spec["trainer"].update(backend="Verl", nodes=2, checkpoint={"claimName": "ckpt"}),
+            spec.update(gateway={"port": 8265}),
+        ),
+        "spec.gateway.port",
+    ),
+    "one-node-gateway-port-in-rays-range": (lambda spec: spec.update(gateway={"port": 10500}), None),
     "multi-node-with-checkpoint-claim": (
         lambda spec: spec["trainer"].update(
             backend="Verl", nodes=2, gpusPerNode=8, checkpoint={"claimName": "ckpt"}

@@ -241,6 +241,11 @@ class RunController:
     def active_jobs(self) -> int:
         return len(self.jobs.active)
 
+    @property
+    def stopped_for_failure(self) -> bool:
+        """The run is Failed (a template, the spec, a trainer's permanent failure) and stopped."""
+        return self._stopped_for_failure
+
     async def observe_gateway(self, instance_id: str, totals: LaunchTotals) -> None:
         """Take the gateway's launch totals; on a new gateway instance, rebase the counters and start over."""
         async with self._gateway_lock:
@@ -679,9 +684,10 @@ class RunController:
         self._pool_changed.set()  # a Pool run's pods go too
         namespace = self.context.namespace
         trainer = names.trainer_job_name(self.context.name)
-        with contextlib.suppress(Exception):  # best effort: the run is already marked Failed
-            await self.kube.patch_job_suspend(namespace, trainer, True)
+        if self.context.spec.trainer.nodes == 1:  # a RayCluster is suspended by ray_child.follow_ray_cluster
+            with contextlib.suppress(Exception):  # best effort: the run is already marked Failed
+                await self.kube.patch_job_suspend(namespace, trainer, True)
         for job_name in sorted(self.jobs.active):
             with contextlib.suppress(Exception):
                 await self.kube.delete_job(namespace, job_name)
-        logger.info("run %s failed: trainer Job suspended, agent Jobs deleted", self.context.name)
+        logger.info("run %s failed: trainer stopped, agent Jobs deleted", self.context.name)

@@ -152,8 +152,9 @@ async def follow_ray_cluster(kube: Kube, controller: RunController, *, namespace
                 view = trainer_view(cluster, head)
                 controller.ray_cluster = ray_cluster_state(cluster)
                 controller.on_job_event("SYNC", view)
-                # The driver ended, or the run failed for a reason of its own (a template, the spec).
-                finished = bool(view["status"].get("conditions")) or controller.fatal_error is not None
+                # The driver ended, or the run failed for a reason of its own (a template, the spec, a
+                # permanent failure the trainer reported before exiting: its restarts would hold every GPU).
+                finished = bool(view["status"].get("conditions")) or controller.stopped_for_failure
                 patch = suspend_patch(
                     cluster, run_suspended=bool(controller.context.spec.suspend), finished=finished
                 )

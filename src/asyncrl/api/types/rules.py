@@ -94,6 +94,30 @@ MULTI_NODE_BACKEND_RULE = CelRule(
     field_path=".nodes",
 )
 
+# The head pod of a multi-node run holds Ray beside the gateway: its fixed ports (GCS, KubeRay's metrics
+# export, the dashboard, the Ray client and worker range, the dashboard agent) are not the gateway's to take.
+RAY_HEAD_PORTS = (6379, 8080, 8265, 52365)
+RAY_HEAD_PORT_RANGE = (10001, 19999)
+_GATEWAY_PORT = "self.gateway.port"
+MULTI_NODE_GATEWAY_PORT_RULE = CelRule(
+    rule=(
+        "!has(self.trainer) || !has(self.trainer.nodes) || self.trainer.nodes <= 1 || !has(self.gateway) || "
+        f"!has({_GATEWAY_PORT}) || !({_GATEWAY_PORT} in {list(RAY_HEAD_PORTS)} || "
+        f"({_GATEWAY_PORT} >= {RAY_HEAD_PORT_RANGE[0]} && {_GATEWAY_PORT} <= {RAY_HEAD_PORT_RANGE[1]}))"
+    ),
+    message=(
+        "with trainer.nodes > 1 the gateway shares the Ray head pod, whose ports "
+        f"{', '.join(map(str, RAY_HEAD_PORTS))} and {RAY_HEAD_PORT_RANGE[0]}-{RAY_HEAD_PORT_RANGE[1]} are "
+        "Ray's; pick another gateway.port (the default 8090 is free)"
+    ),
+    field_path=".gateway.port",
+)
+
+
+def gateway_port_taken_by_ray(port: int) -> bool:
+    return port in RAY_HEAD_PORTS or RAY_HEAD_PORT_RANGE[0] <= port <= RAY_HEAD_PORT_RANGE[1]
+
+
 # Fields that define what a run trains; changing them would make its checkpoints and metrics meaningless.
 IMMUTABLE_FIELDS = (
     "model",

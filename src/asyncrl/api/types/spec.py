@@ -32,8 +32,10 @@ from asyncrl.api.types.rules import (
     MAX_WINDOW_SIZE,
     MULTI_NODE_BACKEND_RULE,
     MULTI_NODE_CHECKPOINT_RULE,
+    MULTI_NODE_GATEWAY_PORT_RULE,
     TEMPLATE_SOURCE_RULE,
     check_exactly_one,
+    gateway_port_taken_by_ray,
     immutable_rules,
 )
 from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
@@ -722,7 +724,9 @@ class LoggingSpec(ApiModel):
 class AsyncTrainingRunSpec(ApiModel):
     """What to train, on which data, with which agents, and how asynchronously."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(ASYNC_WINDOW_RULE, *immutable_rules()))
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(ASYNC_WINDOW_RULE, MULTI_NODE_GATEWAY_PORT_RULE, *immutable_rules())
+    )
 
     model: ModelSpec = Field(description="The policy model to serve and train.")
     data: DataSpec = Field(description="The prompts; exactly one of inline, configMapRef or path.")
@@ -773,6 +777,12 @@ class AsyncTrainingRunSpec(ApiModel):
     @model_validator(mode="after")
     def _async_window_exceeds_train_batch(self) -> Self:
         self.window_config()
+        return self
+
+    @model_validator(mode="after")
+    def _gateway_port_free_of_ray(self) -> Self:
+        if self.trainer.nodes > 1 and gateway_port_taken_by_ray(self.gateway.port):
+            raise FieldRuleError(MULTI_NODE_GATEWAY_PORT_RULE.message, field_path=("gateway", "port"))
         return self
 
     def window_config(self) -> WindowConfig:
