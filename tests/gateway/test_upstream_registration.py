@@ -18,6 +18,7 @@ from pydantic import SecretStr, ValidationError
 from asyncrl.gateway.auth import agent_token
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.models import UpstreamsView
 from asyncrl.gateway.proxy import Upstreams
 from asyncrl.testing.processes import ServerProcess
 from tests.gateway.conftest import KEY, RunningGateway, create_rollouts, launch_gateway, launch_upstream
@@ -209,22 +210,20 @@ def test_client_registers_and_reads_upstreams(
 
     async def scenario() -> None:
         async with GatewayClient(bare_gateway.url, bare_gateway.key) as client:
-            assert await client.upstreams() == {"upstreams": [], "model": "served-model"}
-            assert await client.set_upstreams([upstream_a, upstream_b], model="policy") == {
-                "upstreams": [upstream_a, upstream_b],
-                "model": "policy",
-            }
-            assert await client.set_upstreams(url for url in [upstream_b]) == {
-                "upstreams": [upstream_b],
-                "model": "policy",
-            }
+            assert await client.upstreams() == UpstreamsView(upstreams=[], model="served-model")
+            assert await client.set_upstreams([upstream_a, upstream_b], model="policy") == UpstreamsView(
+                upstreams=[upstream_a, upstream_b], model="policy"
+            )
+            assert await client.set_upstreams(url for url in [upstream_b]) == UpstreamsView(
+                upstreams=[upstream_b], model="policy"
+            )
             with pytest.raises(GatewayError) as error:
                 await client.set_upstreams(["grpc://10.0.0.5:1"])
             assert error.value.status == 422
             assert error.value.body["fields"][0]["field"] == "upstreams"
             with pytest.raises(TypeError, match="list of URLs"):
                 await client.set_upstreams(upstream_a)
-            assert await client.upstreams() == {"upstreams": [upstream_b], "model": "policy"}
+            assert await client.upstreams() == UpstreamsView(upstreams=[upstream_b], model="policy")
 
         async with GatewayClient(bare_gateway.url, "wrong-key") as intruder:
             with pytest.raises(GatewayError) as denied:

@@ -290,7 +290,7 @@ def test_a_gateway_killed_mid_run_is_adopted_and_the_run_finishes_with_every_ste
             assert client.restarting is not None, "no step from 3 on asked for completions"
             await client.restarting
             upstreams = await client.upstreams()
-            assert upstreams["upstreams"] == [upstream_url]  # registered again with the new gateway
+            assert upstreams.upstreams == [upstream_url]  # registered again with the new gateway
             return result
 
     try:

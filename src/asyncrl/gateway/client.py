@@ -27,6 +27,7 @@ from asyncrl.gateway.models import (
     RolloutView,
     TrainerReport,
     Transition,
+    UpstreamsView,
     WindowSummary,
 )
 from asyncrl.gateway.pool_models import PoolRelease, PoolReleased
@@ -149,24 +150,24 @@ class GatewayClient:
 
     # -- upstreams ----------------------------------------------------------------------------------------
 
-    async def set_upstreams(self, urls: Iterable[str], *, model: str | None = None) -> dict[str, Any]:
+    async def set_upstreams(self, urls: Iterable[str], *, model: str | None = None) -> UpstreamsView:
         """Replace the inference servers model calls go to (and, when given, the model name sent to them).
 
-        Calls in flight finish on the server they started on. Returns `{"upstreams": [...], "model": ...}`;
-        an invalid URL or an empty list raises `GatewayError` (422).
+        Calls in flight finish on the server they started on. Returns where calls go now; an invalid URL or
+        an empty list raises `GatewayError` (422).
         """
         if isinstance(urls, str):
             raise TypeError("set_upstreams() takes a list of URLs, not one string")
         body: dict[str, Any] = {"upstreams": list(urls)}
         if model is not None:
             body["model"] = model
-        result: dict[str, Any] = (await self._request("PUT", "/api/upstreams", json=body)).json()
-        return result
+        return UpstreamsView.model_validate_json(
+            (await self._request("PUT", "/api/upstreams", json=body)).content
+        )
 
-    async def upstreams(self) -> dict[str, Any]:
-        """`{"upstreams": [...], "model": ...}`: where model calls go now (no upstream until registered)."""
-        result: dict[str, Any] = (await self._request("GET", "/api/upstreams")).json()
-        return result
+    async def upstreams(self) -> UpstreamsView:
+        """Where model calls go now (no upstream until registered) and the model name sent there."""
+        return UpstreamsView.model_validate_json((await self._request("GET", "/api/upstreams")).content)
 
     # -- rollouts -----------------------------------------------------------------------------------------
 
