@@ -5,11 +5,16 @@ It does what the verl backend does before training: reads the run from the Confi
 run's Ray cluster the way the backend does (`ray_connection`, RAY_ADDRESS). It waits until Ray shows every
 node of the run, writes what it saw to $ASYNCRL_PROBE_REPORT (JSON) and exits 0, which the operator reads
 as the trainer finishing. The test asserts on the report.
+
+With ASYNCRL_PROBE_FAIL set it instead reports a permanent failure (a configuration error, with that text) to
+the gateway as `asyncrl trainer` does, then stays up: a driver that has said it cannot succeed must not keep
+the cluster's GPUs until it exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -23,7 +28,13 @@ import yaml
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
+    parser.add_argument("--gateway-url", default="")
     known, _ = parser.parse_known_args(argv)
+    failure = os.environ.get("ASYNCRL_PROBE_FAIL")
+    if failure:
+        asyncio.run(_report_failure(known.gateway_url, failure))
+        while True:
+            time.sleep(60)
     import ray
 
     from asyncrl.api import load_run
@@ -52,6 +63,24 @@ def main(argv: list[str]) -> int:
     Path(os.environ["ASYNCRL_PROBE_REPORT"]).write_text(json.dumps(report))
     print(json.dumps(report), flush=True)
     return 0 if len(nodes) >= nnodes else 1
+
+
+async def _report_failure(gateway_url: str, message: str) -> None:
+    from asyncrl.gateway.client import GatewayClient
+    from asyncrl.gateway.config import KEY_ENV_VAR
+    from asyncrl.gateway.models import TrainerOutcome, TrainerReport
+
+    async with GatewayClient(gateway_url, os.environ[KEY_ENV_VAR], timeout_seconds=10.0) as gateway:
+        deadline = time.monotonic() + 120
+        while True:  # the gateway sidecar may still be starting
+            try:
+                report = TrainerReport(outcome=TrainerOutcome.CONFIG_ERROR, message=message)
+                await gateway.report_trainer(report)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1)
 
 
 if __name__ == "__main__":
