@@ -32,7 +32,7 @@ SAMPLES = 2
 WINDOW = 4
 ROWS = [{"prompt": f"p{index}"} for index in range(40)]
 UPSTREAM = "http://127.0.0.1:9"  # registered with the gateway, never called: no agent reaches a model here
-RUN_GUARD_SECONDS = 60.0  # only against a hung loop; every test finishes in well under a second
+RUN_GUARD_SECONDS = 20.0  # only against a hung loop (a defect): every run here takes well under a second
 
 
 def _settings(*, steps: int, max_age: int | None = None, prefetch: bool = True) -> LoopSettings:
@@ -117,7 +117,10 @@ def _finish_during_update(harness: Harness, *, ordinal: int, step: int) -> Calla
 
 def _run(harness: Harness) -> RunResult:
     async def main() -> RunResult:
-        return await asyncio.wait_for(harness.loop.run(), timeout=RUN_GUARD_SECONDS)
+        try:
+            return await asyncio.wait_for(harness.loop.run(), timeout=RUN_GUARD_SECONDS)
+        except TimeoutError:
+            raise AssertionError(f"the loop hung: no end after {RUN_GUARD_SECONDS:.0f}s") from None
 
     return asyncio.run(main())
 
