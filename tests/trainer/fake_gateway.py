@@ -81,8 +81,9 @@ class GatewayInstance:
 class FakeGateway:
     """Implements `asyncrl.trainer.gateway_port.TrainerGateway` in memory (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.instance = GatewayInstance(number=0)
+    def __init__(self, *, max_feed_entries: int = 100_000) -> None:
+        self.max_feed_entries = max_feed_entries  # the completions the feed keeps (older cursors get 410)
+        self.instance = self._start(number=0)
         self.calls: list[GatewayCall] = []
         self.created: list[RolloutCreate] = []  # every rollout ever created, in order, across restarts
         self.group_ids: list[str] = []  # every group ever created, in creation order, across restarts
@@ -97,7 +98,7 @@ class FakeGateway:
         """The gateway process dies and a new one answers: a new instance id, no rollouts, no upstreams, no
         pause, a feed starting from 0; a long-poll waiting in the old process loses its connection."""
         self.instance.gone.set()
-        self.instance = GatewayInstance(number=self.instance.number + 1)
+        self.instance = self._start(number=self.instance.number + 1)
 
     def finish_group(
         self, group_id: str, *, state: RolloutState = RolloutState.SUCCEEDED, reward: float = 1.0
@@ -284,6 +285,9 @@ class FakeGateway:
         instance.summaries.append(summary)
 
     # -- internals ----------------------------------------------------------------------------------------
+
+    def _start(self, *, number: int) -> GatewayInstance:
+        return GatewayInstance(number=number, store=RolloutStore(max_feed_entries=self.max_feed_entries))
 
     def _called(self, method: str, *, model_version: int | None = None) -> GatewayInstance:
         instance = self.instance

@@ -18,9 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.data import PromptSource
+from asyncrl.trainer.failures import RunFailed
 from asyncrl.trainer.loop import LoopSettings, RunResult, StepLoop
 from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks
 from asyncrl.window_config import WindowConfig
@@ -78,8 +81,8 @@ class Harness:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
 
 
-def _harness(tmp_path: Path, settings: LoopSettings) -> Harness:
-    gateway, backend = FakeGateway(), RecordingBackend(UPSTREAM)
+def _harness(tmp_path: Path, settings: LoopSettings, gateway: FakeGateway | None = None) -> Harness:
+    gateway, backend = gateway or FakeGateway(), RecordingBackend(UPSTREAM)
     metrics_path = tmp_path / "metrics.jsonl"
     loop = StepLoop(
         settings=settings,
@@ -92,15 +95,21 @@ def _harness(tmp_path: Path, settings: LoopSettings) -> Harness:
 
 
 def _agents(
-    harness: Harness, *, hold: Callable[[int], bool] = lambda ordinal: False, reverse: bool = False
+    harness: Harness,
+    *,
+    hold: Callable[[int], bool] = lambda ordinal: False,
+    reverse: bool = False,
+    outcome: Callable[[int], RolloutState] = lambda ordinal: RolloutState.SUCCEEDED,
 ) -> Callable[[Sequence[str]], None]:
     """Agents that finish each new group as soon as it is created (in reverse creation order with
-    `reverse`), except the groups whose creation ordinal `hold` selects: those wait for the test."""
+    `reverse`), except the groups whose creation ordinal `hold` selects: those wait for the test. A group's
+    rollouts end in the state `outcome` gives its ordinal."""
 
     def finish(group_ids: Sequence[str]) -> None:
         for group_id in reversed(group_ids) if reverse else group_ids:
-            if not hold(harness.gateway.group_ids.index(group_id)):
-                harness.gateway.finish_group(group_id)
+            ordinal = harness.gateway.group_ids.index(group_id)
+            if not hold(ordinal):
+                harness.gateway.finish_group(group_id, state=outcome(ordinal))
 
     return finish
 
@@ -200,6 +209,34 @@ def test_a_group_older_than_the_staleness_limit_is_dropped_not_trained(tmp_path:
     # The stale group still running (g3) is cancelled at the gateway; the finished one (g2) is left alone.
     assert set(harness.gateway.rollout_states(g(3)).values()) == {RolloutState.CANCELLED}
     assert set(harness.gateway.rollout_states(g(2)).values()) == {RolloutState.SUCCEEDED}
+
+
+def test_a_cursor_older_than_the_feed_keeps_is_resynced_from_the_listing(tmp_path: Path) -> None:
+    # The feed keeps 2 completions; the 4 or 8 of a step make the loop's cursor too old (410).
+    harness = _harness(tmp_path, _settings(steps=3), FakeGateway(max_feed_entries=2))
+    harness.gateway.on_groups_created = _agents(harness)
+
+    _run(harness)
+
+    assert harness.backend.updates == [(step, harness.groups(2 * step, 2 * step + 1)) for step in range(3)]
+    polls = [call.method for call in harness.gateway.calls if call.method in ("completions", "list_rollouts")]
+    # The start lists the rollouts once. Steps 0 and 2 wait for completions, get 410 and read the listing
+    # instead; step 1 needs no poll (the listing of step 0 showed g2, g3 complete).
+    assert polls == ["list_rollouts"] + ["completions", "list_rollouts"] * 2
+
+
+def test_steps_without_a_succeeded_rollout_fail_the_run_at_max_failed_steps_in_a_row(tmp_path: Path) -> None:
+    harness = _harness(tmp_path, _settings(steps=10))
+    # Every agent fails except g2's, which step 1 trains: the count of failed steps starts again there.
+    harness.gateway.on_groups_created = _agents(
+        harness, outcome=lambda ordinal: RolloutState.SUCCEEDED if ordinal == 2 else RolloutState.FAILED
+    )
+
+    with pytest.raises(RunFailed, match=r"3 consecutive steps \(up to step 4\)"):
+        _run(harness)
+
+    assert [step for step, _ in harness.backend.updates] == [0, 1, 2, 3, 4]  # failed rollouts still train
+    assert harness.backend.updates[1] == (1, harness.groups(2, 3))
 
 
 # -- the gateway restarting under the loop ------------------------------------------------------------------
