@@ -74,6 +74,10 @@ class Harness:
     def groups(self, *ordinals: int) -> tuple[str, ...]:
         return tuple(sorted(self.group(ordinal) for ordinal in ordinals))
 
+    def rollouts_of(self, groups: Sequence[str]) -> list[str]:
+        """Every rollout the loop created for these groups, sorted."""
+        return sorted(created.rollout_id for created in self.gateway.created if created.group_id in groups)
+
     def trained_groups(self) -> list[str]:
         return [group for _, groups in self.backend.updates for group in groups]
 
@@ -130,12 +134,10 @@ def _run(harness: Harness) -> RunResult:
             return await asyncio.wait_for(harness.loop.run(), timeout=RUN_GUARD_SECONDS)
         except TimeoutError:
             raise AssertionError(f"the loop hung: no end after {RUN_GUARD_SECONDS:.0f}s") from None
+        finally:
+            harness.loop.sinks.close()
 
     return asyncio.run(main())
-
-
-def _rollouts_of(*group_ids: str) -> list[str]:
-    return sorted(f"{group_id}-r{index}" for group_id in group_ids for index in range(SAMPLES))
 
 
 # -- what each step trains ----------------------------------------------------------------------------------
@@ -154,7 +156,7 @@ def test_every_step_trains_train_batch_whole_groups_in_completion_order_and_neve
     assert harness.backend.updates == [(step, harness.groups(2 * step, 2 * step + 1)) for step in range(4)]
     trained = harness.trained_groups()
     assert len(trained) == len(set(trained)) == 4 * TRAIN_BATCH
-    assert sorted(harness.backend.trained_rollouts) == _rollouts_of(*trained)  # every sibling, once
+    assert sorted(harness.backend.trained_rollouts) == harness.rollouts_of(trained)  # every sibling, once
     # Consumed rollouts left the gateway; what it still holds is the window carried past the last step.
     held = {rollout.group_id for rollout in harness.gateway.instance.store.select()}
     assert held == {harness.group(8), harness.group(9)}
@@ -206,7 +208,8 @@ def test_a_group_older_than_the_staleness_limit_is_dropped_not_trained(tmp_path:
     ]
     assert harness.gateway.instance.summaries[1].carry_over_age_histogram == {"2": 2}
     assert [line["training/async/n_stale_groups_cancelled"] for line in harness.metrics()] == [0, 0, 2]
-    # The stale group still running (g3) is cancelled at the gateway; the finished one (g2) is left alone.
+    # The stale group still running (g3) is cancelled at the gateway; the finished one (g2) keeps its state.
+    # (Both stay in the gateway: the loop deletes only the rollouts it consumed.)
     assert set(harness.gateway.rollout_states(g(3)).values()) == {RolloutState.CANCELLED}
     assert set(harness.gateway.rollout_states(g(2)).values()) == {RolloutState.SUCCEEDED}
 
@@ -296,8 +299,8 @@ def test_a_gateway_lost_under_a_long_poll_is_adopted_and_lost_groups_are_redrawn
 
     g = harness.group
     assert result.next_step == 4
-    assert harness.loop.window.current_step is None
     assert lost == [g(4), g(5), g(6), g(7)]
+    assert [call.method for call in gateway.calls if call.instance == 0][-1] == "completions"  # cut off
     trained = harness.trained_groups()
     assert not set(lost) & set(trained)
     assert len(trained) == len(set(trained)) == 4 * TRAIN_BATCH
@@ -367,4 +370,4 @@ def test_without_prefetching_each_consumed_rollout_is_read_once_while_paused(tmp
     consumed_rollouts = 3 * TRAIN_BATCH * SAMPLES
     assert [(call.method, call.paused) for call in reads] == [("rollout_events", True)] * consumed_rollouts
     assert not any("training/prefetch/requests" in line for line in harness.metrics())
-    assert sorted(harness.backend.trained_rollouts) == _rollouts_of(*harness.trained_groups())
+    assert sorted(harness.backend.trained_rollouts) == harness.rollouts_of(harness.trained_groups())
