@@ -43,7 +43,7 @@ from asyncrl.gateway.store import (
     RolloutNotFound,
     RolloutStore,
 )
-from asyncrl.rollouts import RolloutState
+from asyncrl.rollouts import TERMINAL_STATES, RolloutState
 
 ATTEMPT = "a1"
 PROMPT_TOKENS = (101, 102, 103)
@@ -147,7 +147,7 @@ class FakeGateway:
         return GatewayStats(
             instance_id=store.instance_id,
             rollouts=store.counts_by_state(),
-            finished_totals={state: store.finished_totals.get(state, 0) for state in RolloutState},
+            finished_totals={state: store.finished_totals.get(state, 0) for state in TERMINAL_STATES},
             launches=store.launch_totals,
             cursor=store.feed_cursor,
             **instance.pause_fields(),
