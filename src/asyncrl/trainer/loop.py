@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from asyncrl.gateway.client import GatewayClient, GatewayError, PauseResult
+from asyncrl.gateway.client import GatewayError, PauseResult
 from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, RolloutCreate
 from asyncrl.pausing import DrainPolicy
@@ -39,6 +39,7 @@ from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
 from asyncrl.trainer.checkpoints import LoopState, latest_checkpoint, save_checkpoint
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.failures import RunFailed
+from asyncrl.trainer.gateway_port import TrainerGateway
 from asyncrl.trainer.metrics import MetricsSinks, spread
 from asyncrl.trainer.prefetch import DEFAULT_BATCH_ROLLOUTS, PrefetchTotals, RolloutsMissing, RowPrefetcher
 from asyncrl.trainer.recovery import groups_of, plan_resync
@@ -120,7 +121,7 @@ class StepLoop:
         self,
         *,
         settings: LoopSettings,
-        gateway: GatewayClient,
+        gateway: TrainerGateway,
         backend: TrainerBackend,
         prompts: PromptSource,
         sinks: MetricsSinks,

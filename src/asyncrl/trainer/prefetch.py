@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from asyncrl.gateway.client import GatewayClient, GatewayError
+from asyncrl.gateway.client import GatewayError
 from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
+from asyncrl.trainer.gateway_port import TrainerGateway
 from asyncrl.trainer.rows import TrainingRow
 from asyncrl.trainer.window import Group
 
@@ -171,7 +172,7 @@ class RowPrefetcher:
     rebuilt after a restart, or a new gateway, is seen at once.
     """
 
-    gateway: GatewayClient
+    gateway: TrainerGateway
     config: AdapterConfig
     groups: Callable[[], Sequence[Group]]
     instance_id: Callable[[], str | None]
