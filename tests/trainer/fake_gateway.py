@@ -33,6 +33,7 @@ from asyncrl.gateway.models import (
     RolloutCreate,
     RolloutView,
     UpstreamsUpdate,
+    UpstreamsView,
     WindowSummary,
 )
 from asyncrl.gateway.pause import PauseState
@@ -68,7 +69,7 @@ class GatewayInstance:
     store: RolloutStore = field(default_factory=RolloutStore)
     pause: PauseState = field(default_factory=lambda: PauseState(default_retry_after_seconds=5.0))
     upstreams: tuple[str, ...] = ()
-    model: str | None = None
+    model: str = "served-model"  # the gateway's --model until the trainer names its own
     summaries: list[WindowSummary] = field(default_factory=list)
     gone: asyncio.Event = field(default_factory=asyncio.Event)  # set when the process died
 
@@ -153,7 +154,7 @@ class FakeGateway:
             **instance.pause_fields(),
         )
 
-    async def set_upstreams(self, urls: Iterable[str], *, model: str | None) -> dict[str, Any]:
+    async def set_upstreams(self, urls: Iterable[str], *, model: str | None) -> UpstreamsView:
         instance = self._called("set_upstreams")
         try:
             update = UpstreamsUpdate(upstreams=list(urls), model=model)
@@ -161,7 +162,7 @@ class FakeGateway:
             raise GatewayError(422, str(error), None) from error
         instance.upstreams = tuple(update.upstreams)
         instance.model = update.model or instance.model
-        return {"upstreams": list(instance.upstreams), "model": instance.model}
+        return UpstreamsView(upstreams=list(instance.upstreams), model=instance.model)
 
     async def pause(
         self,

@@ -18,6 +18,7 @@ import pytest
 
 from asyncrl.gateway.client import EventsBatch, GatewayClient
 from asyncrl.gateway.events_wire import EventsDocument
+from asyncrl.gateway.models import PauseView
 from asyncrl.testing.controlplane import free_port
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.loop import StepLoop
@@ -60,7 +61,7 @@ class CountingClient(GatewayClient):
         self.paused = True
         return result
 
-    async def resume(self, *, model_version: int | None = None) -> dict[str, Any]:
+    async def resume(self, *, model_version: int | None = None) -> PauseView:
         self.paused = False
         return await super().resume(model_version=model_version)
 

@@ -27,6 +27,7 @@ import pytest
 
 from asyncrl.agent import AgentEnvironment
 from asyncrl.gateway.client import GatewayClient, GatewayError
+from asyncrl.gateway.models import PauseView
 from asyncrl.rollouts import RolloutState
 from asyncrl.testing.controlplane import free_port
 from asyncrl.testing.processes import ServerProcess, start_server
@@ -333,7 +334,7 @@ def test_a_restarted_trainer_redoes_lost_steps_and_never_trains_a_checkpointed_b
     class DiesAfterCheckpointOfStep3(GatewayClient):
         """The first trainer dies after step 3's checkpoint is saved, before its batch leaves the gateway."""
 
-        async def resume(self, *, model_version: int | None = None) -> dict[str, Any]:
+        async def resume(self, *, model_version: int | None = None) -> PauseView:
             if model_version == 4:
                 raise _Killed
             return await super().resume(model_version=model_version)

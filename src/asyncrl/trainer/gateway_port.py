@@ -12,7 +12,7 @@ a cursor older than the feed keeps, 5xx while a gateway starts); the loop's reco
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.gateway.client import EventsBatch, GatewayClient, PauseResult
 from asyncrl.gateway.events_wire import EventsDocument
@@ -22,6 +22,7 @@ from asyncrl.gateway.models import (
     PauseView,
     RolloutCreate,
     RolloutView,
+    UpstreamsView,
     WindowSummary,
 )
 from asyncrl.rollouts import RolloutState
@@ -34,7 +35,7 @@ class TrainerGateway(Protocol):
         """The gateway's state; its `instance_id` changes when it restarted and lost what it held."""
         ...
 
-    async def set_upstreams(self, urls: Iterable[str], *, model: str | None) -> dict[str, Any]:
+    async def set_upstreams(self, urls: Iterable[str], *, model: str | None) -> UpstreamsView:
         """Register the model servers agents' calls go to (a restarted gateway has forgotten them)."""
         ...
 
