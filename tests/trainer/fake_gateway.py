@@ -27,6 +27,7 @@ from asyncrl.gateway.client import EventsBatch, GatewayError, PauseResult
 from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import (
     DEFAULT_EVENTS_BATCH_BYTES,
+    CompletionEntry,
     CompletionPage,
     GatewayStats,
     PauseView,
@@ -135,6 +136,14 @@ class FakeGateway:
     def rollout_states(self, group_id: str) -> dict[str, RolloutState]:
         rollouts = self.instance.store.select(group_id=group_id)
         return {rollout.rollout_id: rollout.state for rollout in rollouts}
+
+    def created_ids(self, group_id: str) -> list[str]:
+        """The ids of the group's rollouts as created (whether the gateway still holds them or not)."""
+        return [creation.rollout_id for creation in self.created if creation.group_id == group_id]
+
+    def feed(self) -> list[CompletionEntry]:
+        """The current instance's completion feed as retained: what the operator reads to delete Jobs."""
+        return list(self.instance.store._feed_from(0))
 
     def inputs(self) -> dict[str, Any]:
         """Group id -> the dataset row its rollouts were created with."""

@@ -298,6 +298,9 @@ class StepLoop:
         if stale:
             try:
                 await self._cancel(stale, reason=f"older than maxCarryOverAgeSteps at step {step}")
+                # Cancelled first (the feed tells the operator to delete their Jobs), then deleted: a stale
+                # group's captured calls would otherwise stay in the gateway's memory for the whole run.
+                await self.gateway.delete_rollouts(rid for group in stale for rid in group.rollout_ids)
             except GatewayFailure as error:  # the next sync cleans up what stays behind
                 logger.warning("step %d: cancelling stale groups failed: %s", step, error)
                 self._resync_needed = True
