@@ -13,6 +13,7 @@ import yaml
 from asyncrl.api.crd import default_path
 from asyncrl.api.types.meta import CRD_NAME
 from asyncrl.testing.controlplane import ControlPlane
+from asyncrl.testing.waiting import WaitTimeout, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -32,10 +33,21 @@ def installed_crd(control_plane: ControlPlane) -> Path:
     """The committed CRD, applied with kubectl as a user would (idempotent) and Established."""
     kubectl = [str(Path(control_plane.bin_dir) / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}"]
     path = default_path()
-    for command in (
-        ["apply", "--server-side", "--force-conflicts", "-f", str(path)],
-        ["wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"],
-    ):
-        done = subprocess.run([*kubectl, *command], capture_output=True, text=True, timeout=90)
-        assert done.returncode == 0, f"kubectl {' '.join(command)} failed: {done.stderr}"
+    apply = ["apply", "--server-side", "--force-conflicts", "-f", str(path)]
+    done = subprocess.run([*kubectl, *apply], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, f"kubectl {' '.join(apply)} failed: {done.stderr}"
+    # `kubectl wait` fails at once (not waits) while a just-created CRD has no conditions yet, which a busy
+    # API server shows for a moment: ask again until Established.
+    wait = ["wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"]
+    last: list[str] = []
+
+    def established() -> bool:
+        done = subprocess.run([*kubectl, *wait], capture_output=True, text=True, timeout=90)
+        last[:] = [done.stderr]
+        return done.returncode == 0
+
+    try:
+        wait_for(established, timeout=120, what=f"CRD {CRD_NAME} Established", interval=1.0)
+    except WaitTimeout as error:
+        raise AssertionError(f"kubectl {' '.join(wait)} kept failing: {last}") from error
     return path

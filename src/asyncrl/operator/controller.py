@@ -1,8 +1,9 @@
 """The per-run controller: queued rollouts become agent Jobs, Job outcomes reach the gateway, status is kept.
 
 One instance per run, started by the operator for each run it sees. `RunController` is the rollout-Job
-supervisor; it owns the status writer (`status_writer.py`) and tells it when something it observed changed.
-Five loops, none of them polling:
+supervisor; it owns the link to the run's gateway (`gateway_link.py`: calls that wait out its absence, its
+instance, the Job counters) and the status writer (`status_writer.py`), which it tells when something it
+observed changed. Five loops, none of them polling:
 - claim: long-polls the gateway for queued rollouts and launches one Job each (rate-limited, capped),
 - reports: applies Job watch events (delivered by the namespace's one label-selected watch) to the gateway,
 - cancellations: follows the gateway's completion feed and deletes the Jobs of cancelled/timed-out rollouts,
@@ -24,12 +25,9 @@ one rollout instead of running it twice.
 Failures: transient API server and gateway errors (no connection, timeouts, 429, 5xx) are retried with
 backoff (`retry.py`); only a rejection (another 4xx) fails a rollout, with one readable line as the reason.
 
-Gateway restarts: every agent Job carries the gateway instance it was launched through. When the gateway's
-`instance_id` changes, the controller resets its completion cursor and report bookkeeping, deletes the old
+Gateway restarts: every agent Job carries the gateway instance it was launched through. When the link sees
+a new `instance_id`, the controller resets its completion cursor and report bookkeeping, deletes the old
 instance's unfinished Jobs (their rollouts are gone with it) and ignores the old Jobs' outcomes.
-
-Counters: `jobs.created` and `jobs.failed` come from the gateway's launch totals plus a ledger of earlier
-gateway instances (`ledger.py`), so neither a restart nor TTL deletion makes them shrink.
 """
 
 from __future__ import annotations
@@ -47,22 +45,22 @@ from typing import Any, TypeVar
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types import AgentsMode
 from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import GatewayStats, LaunchTotals, RolloutView
+from asyncrl.gateway.models import RolloutView
 from asyncrl.operator import names
 from asyncrl.operator.agent_jobs import AgentJobSettings, agent_launch, shape_agent_job
 from asyncrl.operator.children import owner_reference
+from asyncrl.operator.gateway_link import GatewayLink
 from asyncrl.operator.job_state import rollout_state_of_job
 from asyncrl.operator.kube import JSON, Kube
-from asyncrl.operator.ledger import ANNOTATION_LEDGER, JobCountsSeen, JobLedger
+from asyncrl.operator.ledger import JobCountsSeen
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.pool_keeper import PoolInputs, keep_agent_pool
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
 from asyncrl.operator.renderer import TemplateRenderer, check_template
 from asyncrl.operator.retry import (
-    Backoff,
+    KUBE_BACKOFF,
     GaveUp,
-    gateway_error_is_transient,
     kube_error_is_transient,
     one_line_reason,
     retry_transient,
@@ -75,8 +73,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-GATEWAY_BACKOFF = Backoff(first_seconds=0.5, max_seconds=5.0)  # the gateway may be starting: wait it out
-KUBE_BACKOFF = Backoff(first_seconds=0.5, max_seconds=10.0)
 CREATE_JOB_DEADLINE_SECONDS = 120.0  # transient API errors longer than this fail the rollout
 ANNOTATION_LAUNCH_ID = f"{names.GROUP}/launch-id"
 ANNOTATION_GATEWAY_INSTANCE = f"{names.GROUP}/gateway-instance"
@@ -134,27 +130,26 @@ class RunController:
         self.ray_cluster: str | None = None  # KubeRay's state, set by ray_child.follow_ray_cluster
         self.template_error: str | None = None
         self.fatal_error: str | None = None  # set: the run is Failed with this message
-        self.gateway_reachable = False
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
         self._capacity = asyncio.Event()
         self._pool_changed = asyncio.Event()  # agents.mode Pool: the pool's size may have to change
         self._stopped_for_failure = False
+        self._takeover = True  # the next claim takes over leases of a claimer that is gone
+        stored = StatusWriter.stored_status(context.run).jobs
+        self.link = GatewayLink(
+            context,
+            kube=kube,
+            client=self.gateway,
+            # The Job counters: never below what the stored status showed, then derived from the gateway.
+            shown=JobCountsSeen(
+                created=(stored.created if stored else 0) or 0, failed=(stored.failed if stored else 0) or 0
+            ),
+            on_change=lambda: self.status_writer.changed(),
+            on_restart=self._gateway_restarted,
+        )
         self.status_writer = StatusWriter(
-            context, supervisor=self, kube=kube, gateway=self.gateway, metrics=metrics
+            context, supervisor=self, link=self.link, kube=kube, gateway=self.gateway, metrics=metrics
         )
-        # The Job counters: never below what the stored status showed, then derived from the gateway.
-        stored = self.status_writer.status.jobs
-        self._shown = JobCountsSeen(
-            created=(stored.created if stored else 0) or 0, failed=(stored.failed if stored else 0) or 0
-        )
-        annotations = context.run["metadata"].get("annotations") or {}
-        self._ledger = JobLedger.from_annotation(annotations.get(ANNOTATION_LEDGER))
-        self._launch_totals: LaunchTotals | None = None
-        self._gateway_instance: str | None = None
-        self._gateway_known = asyncio.Event()
-        self._gateway_restarted = asyncio.Event()
-        self._gateway_lock = asyncio.Lock()
-        self._takeover = True
 
     # -- entry points -------------------------------------------------------------------------------------
 
@@ -194,48 +189,7 @@ class RunController:
             await self.gateway.close()
             self.metrics.forget_run(namespace=self.context.namespace, name=self.context.name)
 
-    # -- the gateway: calls, instance, counters -----------------------------------------------------------
-
-    async def gateway_call(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Call the gateway, waiting out its absence (the trainer pod is starting or restarting) and its
-        transient errors with backoff; a 4xx raises `GatewayError`."""
-
-        def unreachable(error: BaseException) -> None:
-            if self.gateway_reachable:
-                logger.info("run %s: gateway unreachable: %s", self.context.name, one_line_reason(error))
-                self.gateway_reachable = False
-                self.status_writer.changed()
-
-        result = await retry_transient(
-            call,
-            is_transient=gateway_error_is_transient,
-            what=f"run {self.context.name}: gateway call",
-            backoff=GATEWAY_BACKOFF,
-            on_retry=unreachable,
-        )
-        if not self.gateway_reachable:
-            self.gateway_reachable = True
-            self.status_writer.changed()  # the writer reads the stats next, which notices a restarted gateway
-        return result
-
-    async def _kube_call(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
-        return await retry_transient(
-            call, is_transient=kube_error_is_transient, what=what, backoff=KUBE_BACKOFF, deadline_seconds=60
-        )
-
-    async def _read_gateway_stats(self) -> GatewayStats:
-        stats = await self.gateway_call(self.gateway.stats)
-        await self.observe_gateway(stats.instance_id, stats.launches)
-        return stats
-
-    def job_counts(self) -> JobCountsSeen:
-        if self._launch_totals is None:
-            return self._shown
-        return self._ledger.counts(self._launch_totals, at_least=self._shown)
-
-    def counts_shown(self, counts: JobCountsSeen) -> None:
-        """The counts a status just written shows: the counters never go below them."""
-        self._shown = counts
+    # -- what the status writer reads -----------------------------------------------------------------------
 
     @property
     def active_jobs(self) -> int:
@@ -246,58 +200,20 @@ class RunController:
         """The run is Failed (a template, the spec, a trainer's permanent failure) and stopped."""
         return self._stopped_for_failure
 
-    async def observe_gateway(self, instance_id: str, totals: LaunchTotals) -> None:
-        """Take the gateway's launch totals; on a new gateway instance, rebase the counters and start over."""
-        async with self._gateway_lock:
-            if instance_id == self._gateway_instance:
-                if self._launch_totals is None or totals.launched >= self._launch_totals.launched:
-                    self._launch_totals = totals  # answers may arrive out of order: keep the newest
-                return
-            previous = self._gateway_instance
-            shown = self.job_counts()  # with the old instance's totals, before switching
-            ledger = self._ledger.for_instance(instance_id, totals, shown=shown)
-            self._shown = shown
-            self._gateway_instance = instance_id
-            self._launch_totals = totals
-            if ledger != self._ledger:
-                self._ledger = ledger
-                await asyncio.shield(self._persist_ledger())
-            if previous is not None:
-                logger.warning(
-                    "run %s: the gateway restarted (instance %s → %s): its rollouts are gone; resetting",
-                    self.context.name,
-                    previous,
-                    instance_id,
-                )
-                self.jobs.reported.clear()
-                self._takeover = True
-                self._gateway_restarted.set()
-                await self.kube.post_event(
-                    self.context.run,
-                    reason="GatewayRestarted",
-                    message="the gateway restarted and lost its rollouts; the unfinished agent Jobs "
-                    "launched through it are deleted and its new rollouts are launched",
-                    warning=True,
-                )
-            self._gateway_known.set()
-            self.status_writer.changed()
+    def _gateway_restarted(self) -> None:
+        """A new gateway instance: the rollouts it held are gone, and so is what we knew of them."""
+        self.jobs.reported.clear()
+        self._takeover = True
 
-    async def _persist_ledger(self) -> None:
-        patch = {ANNOTATION_LEDGER: self._ledger.to_annotation()}
-        try:
-            await self._kube_call(
-                lambda: self.kube.patch_run_annotations(self.context.namespace, self.context.name, patch),
-                what=f"run {self.context.name}: saving the Job ledger",
-            )
-        except Exception as error:  # the stored status still keeps the counts from going down
-            logger.warning(
-                "run %s: could not save the Job ledger: %s", self.context.name, one_line_reason(error)
-            )
+    async def _kube_call(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
+        return await retry_transient(
+            call, is_transient=kube_error_is_transient, what=what, backoff=KUBE_BACKOFF, deadline_seconds=60
+        )
 
     # -- claim → Jobs -------------------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        await self._read_gateway_stats()
+        await self.link.read_stats()
         await self._resolve_vanished_launches()
         while True:
             if self.context.spec.suspend:
@@ -308,7 +224,7 @@ class RunController:
             # with one active operator per run, a lease still held at our start belongs to a claimer that is
             # gone. Launched rollouts are never offered, leased or not.
             takeover, self._takeover = self._takeover, False
-            claimed: list[RolloutView] = await self.gateway_call(
+            claimed: list[RolloutView] = await self.link.call(
                 functools.partial(
                     self.gateway.claim, limit=50, wait_seconds=30, lease_seconds=120, takeover=takeover
                 )
@@ -337,13 +253,13 @@ class RunController:
             kube=self.kube,
             renderer=self.renderer,
             gateway=self.gateway,
-            gateway_call=self.gateway_call,
+            gateway_call=self.link.call,
             changed=self._pool_changed,
         )
 
     async def _resolve_vanished_launches(self) -> None:
         """Launched unfinished rollouts whose Job is gone (it ended unwatched): end them, never rerun."""
-        rollouts, _ = await self.gateway_call(self.gateway.list_rollouts)
+        rollouts, _ = await self.link.call(self.gateway.list_rollouts)
         launched = [r for r in rollouts if r.launched_at is not None and not r.state.is_terminal]
         if not launched:
             return
@@ -437,7 +353,7 @@ class RunController:
         """Mark the rollout launched in the gateway (the launch record) and stamp the Job with it."""
         launch_id = uuid.uuid4().hex
         try:
-            receipt = await self.gateway_call(
+            receipt = await self.link.call(
                 functools.partial(self.gateway.launch, rollout.rollout_id, launch_id=launch_id)
             )
         except GatewayError as error:
@@ -446,7 +362,7 @@ class RunController:
                 "run %s rollout %s: not launched: %s", self.context.name, rollout.rollout_id, error.error
             )
             return False
-        await self.observe_gateway(receipt.instance_id, receipt.totals)
+        await self.link.observe(receipt.instance_id, receipt.totals)
         annotations = job["metadata"].setdefault("annotations", {})
         annotations[ANNOTATION_LAUNCH_ID] = launch_id
         annotations[ANNOTATION_GATEWAY_INSTANCE] = receipt.instance_id
@@ -533,7 +449,7 @@ class RunController:
     # -- Job watch events → gateway -----------------------------------------------------------------------
 
     async def _report_loop(self) -> None:
-        await self._gateway_known.wait()  # which gateway instance a Job's outcome belongs to
+        await self.link.known.wait()  # which gateway instance a Job's outcome belongs to
         while True:
             event_type, job = await self._job_events.get()
             component = (job["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT)
@@ -563,7 +479,7 @@ class RunController:
             self.jobs.active.add(name)
         self.status_writer.changed()
         instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
-        if instance is not None and instance != self._gateway_instance:
+        if instance is not None and instance != self.link.instance:
             return  # launched through a gateway that restarted since: its rollout is gone with it
         if self.jobs.reported.get(name) == state:
             if event_type == "DELETED":
@@ -579,7 +495,7 @@ class RunController:
 
     async def _transition(self, rollout_id: str, state: RolloutState, message: str | None) -> None:
         try:
-            await self.gateway_call(
+            await self.link.call(
                 lambda: self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
             )
         except GatewayError as error:
@@ -598,19 +514,17 @@ class RunController:
 
     async def _cancellation_loop(self) -> None:
         """Delete the Jobs of rollouts the gateway ended without them (stale groups, gateway timeouts)."""
-        cursor = (await self._read_gateway_stats()).cursor
-        self._gateway_restarted.clear()
+        cursor = (await self.link.read_stats()).cursor
+        self.link.restarted.clear()
         await self._delete_orphaned_jobs()
         while True:
-            if self._gateway_restarted.is_set():
-                self._gateway_restarted.clear()
-                cursor = (await self._read_gateway_stats()).cursor
+            if self.link.restarted.is_set():
+                self.link.restarted.clear()
+                cursor = (await self.link.read_stats()).cursor
                 await self._delete_orphaned_jobs()
             try:
                 page = await self._until_gateway_restart(
-                    self.gateway_call(
-                        functools.partial(self.gateway.completions, after=cursor, wait_seconds=30)
-                    )
+                    self.link.call(functools.partial(self.gateway.completions, after=cursor, wait_seconds=30))
                 )
             except GatewayError as error:
                 if error.status != 410:
@@ -621,7 +535,7 @@ class RunController:
             if page is None:
                 continue  # the gateway restarted while we waited: start over on the new one
             if not page.entries:
-                await self._read_gateway_stats()  # a quiet half-minute: make sure it is the same gateway
+                await self.link.read_stats()  # a quiet half-minute: make sure it is the same gateway
             cursor = page.cursor
             for entry in page.entries:
                 if entry.state in (RolloutState.CANCELLED, RolloutState.TIMED_OUT):
@@ -632,7 +546,7 @@ class RunController:
     async def _until_gateway_restart(self, call: Coroutine[Any, Any, T]) -> T | None:
         """`await call`, or None (the call cancelled) as soon as a gateway restart is noticed."""
         work = asyncio.ensure_future(call)
-        restarted = asyncio.ensure_future(self._gateway_restarted.wait())
+        restarted = asyncio.ensure_future(self.link.restarted.wait())
         try:
             await asyncio.wait({work, restarted}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # cancelled: the call must not outlive us (nor the gateway client)
@@ -640,7 +554,7 @@ class RunController:
             raise
         finally:
             restarted.cancel()
-        if self._gateway_restarted.is_set():
+        if self.link.restarted.is_set():
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
@@ -657,11 +571,11 @@ class RunController:
             if rollout_id is None:
                 continue
             instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
-            if instance is not None and instance != self._gateway_instance:
+            if instance is not None and instance != self.link.instance:
                 await self.kube.delete_job(self.context.namespace, job["metadata"]["name"])
                 continue
             try:
-                rollout = await self.gateway_call(functools.partial(self.gateway.get_rollout, rollout_id))
+                rollout = await self.link.call(functools.partial(self.gateway.get_rollout, rollout_id))
             except GatewayError as error:
                 if error.status != 404:
                     raise

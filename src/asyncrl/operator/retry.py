@@ -56,6 +56,9 @@ class GaveUp(RuntimeError):
         self.attempts = attempts
 
 
+KUBE_BACKOFF = Backoff(first_seconds=0.5, max_seconds=10.0)  # the API server's transient errors
+
+
 async def retry_transient(
     call: Callable[[], Awaitable[T]],
     *,

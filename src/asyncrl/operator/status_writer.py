@@ -13,7 +13,6 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -22,9 +21,8 @@ import httpx
 from asyncrl.api import AsyncTrainingRunStatus, Phase
 from asyncrl.api.types import AgentsMode
 from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import LaunchTotals, TrainerOutcome, TrainerReport
+from asyncrl.gateway.models import TrainerOutcome, TrainerReport
 from asyncrl.operator.kube import JSON, Kube
-from asyncrl.operator.ledger import JobCountsSeen
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.status import RunObservation, next_status
 from asyncrl.rollouts import RolloutState
@@ -32,6 +30,7 @@ from asyncrl.window_summary import WindowSummary
 
 if TYPE_CHECKING:
     from asyncrl.operator.controller import RunContext
+    from asyncrl.operator.gateway_link import GatewayLink
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +46,9 @@ class Supervisor(Protocol):
     ray_cluster: str | None  # KubeRay's state of a multi-node run's cluster
     template_error: str | None
     fatal_error: str | None
-    gateway_reachable: bool
 
     @property
     def active_jobs(self) -> int: ...
-
-    def job_counts(self) -> JobCountsSeen: ...
-
-    def counts_shown(self, counts: JobCountsSeen) -> None: ...
-
-    async def observe_gateway(self, instance_id: str, totals: LaunchTotals) -> None: ...
-
-    async def gateway_call(self, call: Callable[[], Awaitable[T]]) -> T: ...
 
     async def stop_failed_run(self) -> None: ...
 
@@ -69,22 +59,29 @@ class StatusWriter:
         context: RunContext,
         *,
         supervisor: Supervisor,
+        link: GatewayLink,
         kube: Kube,
         gateway: GatewayClient,
         metrics: OperatorMetrics,
     ) -> None:
         self.context = context
         self.supervisor = supervisor
+        self.link = link
         self.kube = kube
         self.gateway = gateway
         self.metrics = metrics
-        self.status = AsyncTrainingRunStatus.model_validate(context.run.get("status") or {})
+        self.status = self.stored_status(context.run)
         self._dirty = asyncio.Event()
         self._written: dict[str, Any] | None = None
         self._summary: WindowSummary | None = None
         self._rollout_counts: dict[RolloutState, int] | None = None
         self._trainer_report: TrainerReport | None = None
         self._stats_read_at = -float("inf")  # monotonic time of the last stats read
+
+    @staticmethod
+    def stored_status(run: JSON) -> AsyncTrainingRunStatus:
+        """The status the run has stored (what an earlier operator process wrote)."""
+        return AsyncTrainingRunStatus.model_validate(run.get("status") or {})
 
     def changed(self) -> None:
         """Something the status shows may have changed: write (if it did) at the next chance."""
@@ -97,7 +94,7 @@ class StatusWriter:
             poll = functools.partial(
                 self.gateway.summary, after_step=after_step, wait_seconds=SUMMARY_WAIT_SECONDS
             )
-            summary = await self.supervisor.gateway_call(poll)
+            summary = await self.link.call(poll)
             if summary is not None and summary.step != last_step:
                 last_step = summary.step
                 self._summary = summary
@@ -124,7 +121,7 @@ class StatusWriter:
         except (httpx.TransportError, GatewayError):
             return
         self._stats_read_at = time.monotonic()
-        await self.supervisor.observe_gateway(stats.instance_id, stats.launches)
+        await self.link.observe(stats.instance_id, stats.launches)
         # In flight now, and finished ever: the trainer deletes the rollouts it consumed.
         self._rollout_counts = {
             **stats.finished_totals,
@@ -137,14 +134,14 @@ class StatusWriter:
         supervisor = self.supervisor
         # One stats read per cycle: the summary loop's, when it just read them (and woke this write).
         fresh = time.monotonic() - self._stats_read_at < STATUS_MIN_INTERVAL_SECONDS
-        if supervisor.gateway_reachable and not fresh:
+        if self.link.reachable and not fresh:
             await self._read_stats()
-        counts = supervisor.job_counts()
+        counts = self.link.job_counts()
         observation = RunObservation(
             generation=int(self.context.run["metadata"].get("generation") or 0),
             suspended=self.context.spec.suspend,
             trainer_job=supervisor.trainer_job,
-            gateway_reachable=supervisor.gateway_reachable,
+            gateway_reachable=self.link.reachable,
             summary=self._summary,
             rollout_counts=self._rollout_counts,
             jobs_active=supervisor.active_jobs or self._pool_running(),
@@ -168,7 +165,7 @@ class StatusWriter:
         self.metrics.status_writes.inc()
         self.status = status
         self._written = payload
-        supervisor.counts_shown(counts)
+        self.link.counts_shown(counts)
         if status.phase is Phase.FAILED:
             await supervisor.stop_failed_run()
 
