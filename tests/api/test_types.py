@@ -299,3 +299,31 @@ def test_a_key_yaml_read_as_a_boolean_is_named_with_the_fix(key: object) -> None
     assert "spec.rollout: the key" in message
     assert "how YAML 1.1 reads a bare y, n, yes, no, on or off" in message
     assert "rename it (rollout.samplesPerPrompt) or quote it" in message
+
+
+@pytest.mark.parametrize(
+    ("port", "taken"),
+    [
+        (8090, False),
+        (6379, True),
+        (8080, True),
+        (8265, True),
+        (10000, False),
+        (10001, True),
+        (19999, True),
+        (20000, False),
+        (52365, True),
+        (52366, False),
+    ],
+)
+def test_a_multi_node_gateway_port_is_refused_exactly_on_rays_head_ports(port: int, taken: bool) -> None:
+    spec = copy.deepcopy(REQUIRED_ONLY_SPEC)
+    spec["trainer"] = {"backend": "Verl", "nodes": 2, "checkpoint": {"claimName": "shared"}}
+    spec["gateway"] = {"port": port}
+    if taken:
+        with pytest.raises(InvalidRunError, match=r"spec\.gateway\.port: .*pick another gateway\.port"):
+            load_run(_manifest(spec))
+    else:
+        assert load_run(_manifest(spec)).spec.gateway.port == port
+    spec["trainer"]["nodes"] = 1  # one node: no Ray in the pod, every port is the gateway's to take
+    assert load_run(_manifest(spec)).spec.gateway.port == port
