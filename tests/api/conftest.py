@@ -13,6 +13,7 @@ import yaml
 from asyncrl.api.crd import default_path
 from asyncrl.api.types.meta import CRD_NAME
 from asyncrl.testing.controlplane import ControlPlane
+from tests.support.kube import kubectl_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -30,7 +31,7 @@ def minimal_manifest() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def installed_crd(control_plane: ControlPlane) -> Path:
     """The committed CRD, applied with kubectl as a user would (idempotent) and Established."""
-    kubectl = [str(Path(control_plane.bin_dir) / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}"]
+    kubectl = kubectl_for(control_plane)
     path = default_path()
     for command in (
         ["apply", "--server-side", "--force-conflicts", "-f", str(path)],

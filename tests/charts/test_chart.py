@@ -33,8 +33,8 @@ from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.testing.controlplane import ControlPlane, default_bin_dir, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
-from tests.operator.conftest import AGENT_IMAGE, GATEWAY_IMAGE, TRAINER_IMAGE, run_manifest
 from tests.operator.test_rbac import RBAC_DIR, rbac_denials, service_account_kubeconfig
+from tests.support.kube import AGENT_IMAGE, GATEWAY_IMAGE, TRAINER_IMAGE, run_manifest
 
 pytestmark = pytest.mark.controlplane
 

@@ -31,7 +31,7 @@ from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import ServerProcess, start_server
 from asyncrl.testing.waiting import wait_for
-from tests.operator.conftest import run_manifest
+from tests.support.kube import run_manifest
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
