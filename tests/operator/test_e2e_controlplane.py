@@ -18,6 +18,7 @@ from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
 from tests.operator.conftest import OperatorStarter
 from tests.support.kube import (
+    agent_template,
     apply_ok,
     delete_run,
     events,
@@ -31,20 +32,9 @@ from tests.support.wandb_log import history
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
 TRAINER_IMAGE = "asyncrl.test/trainer"
-TOY_AGENT = """\
-apiVersion: batch/v1
-kind: Job
-spec:
-  template:
-    spec:
-      containers:
-      - name: agent
-        image: asyncrl.test/python
-        command: ["python", "-m", "examples.toy_agent.agent"]
-        env:
-        - name: ROW
-          value: {{ input | tojson }}
-"""
+TOY_AGENT = agent_template(
+    command=["python", "-m", "examples.toy_agent.agent"], env={"ROW": "{{ input | tojson }}"}
+)
 SEED_METRICS = [
     "training/async/n_prev_carry_over_rollouts",
     "training/async/n_completed_rollouts",

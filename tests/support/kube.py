@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -33,28 +33,46 @@ GATEWAY_IMAGE = "asyncrl.test/gateway"
 TRAINER_IMAGE = "asyncrl.test/stub-trainer"
 AGENT_IMAGE = "asyncrl.test/python"
 
+
+def agent_template(*, command: Sequence[str], env: Mapping[str, str]) -> str:
+    """An agent Job template: one container on the test Python image running `command` (an argument with
+    lines becomes a YAML block), with `env` (values as written, Jinja included)."""
+    lines = [
+        "apiVersion: batch/v1",
+        "kind: Job",
+        "spec:",
+        "  template:",
+        "    spec:",
+        "      containers:",
+        "      - name: agent",
+        f"        image: {AGENT_IMAGE}",
+        "        command:",
+    ]
+    for argument in command:
+        if "\n" in argument:
+            lines += ["        - |", *(f"          {line}" for line in argument.strip("\n").splitlines())]
+        else:
+            lines.append(f"        - {argument}")
+    lines.append("        env:")
+    for name, value in env.items():
+        lines += [f"        - name: {name}", f"          value: {value}"]
+    return "\n".join(lines) + "\n"
+
+
 # An agent that asks the model its row's question and rewards any answer.
-AGENT_TEMPLATE = """\
-apiVersion: batch/v1
-kind: Job
-spec:
-  template:
-    spec:
-      containers:
-      - name: agent
-        image: asyncrl.test/python
-        command:
-        - python
-        - -c
-        - |
-          import os
-          from asyncrl.agent import chat, report_reward
-          answer = chat([{"role": "user", "content": os.environ["QUESTION"]}])
-          report_reward(1.0 if answer["choices"][0]["message"]["content"] else 0.0)
-        env:
-        - name: QUESTION
-          value: {{ question }}
-"""
+AGENT_TEMPLATE = agent_template(
+    command=[
+        "python",
+        "-c",
+        """
+import os
+from asyncrl.agent import chat, report_reward
+answer = chat([{"role": "user", "content": os.environ["QUESTION"]}])
+report_reward(1.0 if answer["choices"][0]["message"]["content"] else 0.0)
+""",
+    ],
+    env={"QUESTION": "{{ question }}"},
+)
 
 
 def run_manifest(name: str, *, template: str = AGENT_TEMPLATE, **spec: Any) -> dict[str, Any]:
@@ -87,37 +105,28 @@ def run_manifest(name: str, *, template: str = AGENT_TEMPLATE, **spec: Any) -> d
 def counting_agent_template(executions: Path) -> str:
     """An agent that appends its execution (rollout URL, own pid, parent pid) to `executions`, then behaves
     as its row says: `behaviour` ok (a model call, `seconds` of work, a reward), fail (exit 3) or hang."""
-    return f"""\
-apiVersion: batch/v1
-kind: Job
-spec:
-  template:
-    spec:
-      containers:
-      - name: agent
-        image: asyncrl.test/python
-        command:
-        - python
-        - -c
-        - |
-          import os, sys, time
-          with open(os.environ["EXECUTIONS"], "a") as log:
-              log.write(f"{{os.environ['AGL_EVENT_URL']}} {{os.getpid()}} {{os.getppid()}}\\n")
-          if os.environ["BEHAVIOUR"] == "fail":
-              sys.exit(3)
-          if os.environ["BEHAVIOUR"] == "hang":
-              time.sleep(600)
-          from asyncrl.agent import chat, report_reward
-          chat([{{"role": "user", "content": "hi"}}])
-          time.sleep(float(os.environ["SECONDS"]))
-          report_reward(1.0)
-        env:
-        - name: EXECUTIONS
-          value: "{executions}"
-        - name: BEHAVIOUR
-          value: "{{{{ behaviour }}}}"
-        - name: SECONDS
-          value: "{{{{ seconds | default(0) }}}}"
+    return agent_template(
+        command=["python", "-c", _COUNTING_AGENT],
+        env={
+            "EXECUTIONS": f'"{executions}"',
+            "BEHAVIOUR": '"{{ behaviour }}"',
+            "SECONDS": '"{{ seconds | default(0) }}"',
+        },
+    )
+
+
+_COUNTING_AGENT = """
+import os, sys, time
+with open(os.environ["EXECUTIONS"], "a") as log:
+    log.write(f"{os.environ['AGL_EVENT_URL']} {os.getpid()} {os.getppid()}\\n")
+if os.environ["BEHAVIOUR"] == "fail":
+    sys.exit(3)
+if os.environ["BEHAVIOUR"] == "hang":
+    time.sleep(600)
+from asyncrl.agent import chat, report_reward
+chat([{"role": "user", "content": "hi"}])
+time.sleep(float(os.environ["SECONDS"]))
+report_reward(1.0)
 """
 
 
