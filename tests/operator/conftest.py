@@ -40,8 +40,10 @@ def start_operator(
 
     def start() -> ServerProcess:
         log_path = tmp_path / f"operator-{len(started)}.log"
-        started.append(start_operator_process(control_plane, namespace=namespace, log_path=log_path))
-        return started[-1]
+        scope = ["--namespace", namespace]
+        process = start_operator_process(kubeconfig=control_plane.kubeconfig, scope=scope, log_path=log_path)
+        started.append(process)
+        return process
 
     yield start
     for process in started:

@@ -30,9 +30,9 @@ from tests.support.kube import (
     run_manifest,
     run_status,
     status_condition,
-    trainer_job,
     wait_for_phase,
     wait_for_trainer_job,
+    wait_for_trainer_stopped,
 )
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
@@ -187,8 +187,6 @@ def test_a_trainer_configuration_error_fails_the_run_and_the_trainer_is_stopped(
     start_operator: OperatorStarter,
     tmp_path: Path,
 ) -> None:
-    from kubernetes import client
-
     start_operator()
     executions = tmp_path / "trainer-executions"
     manifest = run_manifest("bad-config", totalSteps=3)
@@ -209,12 +207,11 @@ def test_a_trainer_configuration_error_fails_the_run_and_the_trainer_is_stopped(
 
     # Not restarted: the Job is suspended and its pod goes; the pod runner restarts a container after 1 s
     # (a kubelet after 10 s), so at most one restart can slip in before the operator's reaction.
-    def stopped() -> bool:
-        job = trainer_job(api_client, namespace, "bad-config")
-        pods = client.CoreV1Api(api_client).list_namespaced_pod(
-            namespace, label_selector=f"job-name={names.trainer_job_name('bad-config')}"
-        )
-        return bool(job and job.spec.suspend and not pods.items)
-
-    wait_for(stopped, timeout=90, what="the trainer Job to be suspended and its pod gone")
+    wait_for_trainer_stopped(
+        api_client,
+        namespace,
+        "bad-config",
+        timeout=90,
+        what="the trainer Job to be suspended and its pod gone",
+    )
     assert 1 <= len(executions.read_text().splitlines()) <= 2

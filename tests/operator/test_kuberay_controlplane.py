@@ -180,7 +180,9 @@ def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_dele
         rewrite=KubeRayLocalPods(free_port),
     )
     with runner:
-        operator = start_operator_process(plane, namespace=ns, log_path=tmp_path / "operator.log")
+        operator = start_operator_process(
+            kubeconfig=plane.kubeconfig, scope=["--namespace", ns], log_path=tmp_path / "operator.log"
+        )
         try:
             _two_node_run(client_of, kubectl_of, ns, report)
             assert list((ray_tmp / "ray").glob("session_*")), "Ray did not use its own temp dir"

@@ -38,8 +38,8 @@ def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_de
 ) -> None:
     metrics_port = free_port()
     operator = start_operator_process(
-        control_plane,
-        namespace=namespace,
+        kubeconfig=control_plane.kubeconfig,
+        scope=["--namespace", namespace],
         log_path=tmp_path / "operator.log",
         extra_args=[f"--metrics-port={metrics_port}"],
     )

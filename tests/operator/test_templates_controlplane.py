@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
 from tests.operator.conftest import OperatorStarter
@@ -24,6 +23,7 @@ from tests.support.kube import (
     run_manifest,
     status_condition,
     wait_for_phase,
+    wait_for_trainer_stopped,
 )
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
@@ -88,17 +88,10 @@ def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_jo
 
     # A failed run stops: its trainer Job is suspended (the pod goes, the GPUs are freed) and no agent Job
     # is ever created.
-    from kubernetes import client
-
-    def trainer_stopped(name: str) -> bool:
-        job = client.BatchV1Api(api_client).read_namespaced_job(names.trainer_job_name(name), namespace)
-        pods = client.CoreV1Api(api_client).list_namespaced_pod(
-            namespace, label_selector=f"job-name={names.trainer_job_name(name)}"
-        )
-        return bool(job.spec.suspend) and not pods.items
-
     for name in BROKEN:
-        wait_for(functools.partial(trainer_stopped, name), timeout=120, what=f"run {name}'s trainer to stop")
+        wait_for_trainer_stopped(
+            api_client, namespace, name, timeout=120, what=f"run {name}'s trainer to stop"
+        )
         assert agent_jobs(api_client, namespace, name) == [], name
 
 

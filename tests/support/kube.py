@@ -214,9 +214,10 @@ def pod_base_env() -> dict[str, str]:
 
 
 def start_operator_process(
-    plane: ControlPlane, *, namespace: str, log_path: Path, extra_args: Sequence[str] = ()
+    *, kubeconfig: Path, scope: Sequence[str], log_path: Path, extra_args: Sequence[str] = ()
 ) -> ServerProcess:
-    """`asyncrl operator -n <namespace>` as a real process, returned once its health endpoint answers."""
+    """`asyncrl operator <scope>` (`--namespace <name>` or `--all-namespaces`) as a real process with the
+    identity of `kubeconfig`, returned once its health endpoint answers."""
     health = free_port()
     return start_server(
         [
@@ -224,11 +225,10 @@ def start_operator_process(
             "-m",
             "asyncrl.cli",
             "operator",
-            "--namespace",
-            namespace,
+            *scope,
             "--gateway-address",
             "localhost",
-            f"--kubeconfig={plane.kubeconfig}",
+            f"--kubeconfig={kubeconfig}",
             f"--health-port={health}",
             *extra_args,
         ],
@@ -277,6 +277,18 @@ def run_object(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
         GROUP, VERSION, namespace, PLURAL, name
     )
     return cast(dict[str, Any], found)
+
+
+def find_run(api_client: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """The run, or None when there is none (never created, or deleted)."""
+    from kubernetes import client
+
+    try:
+        return run_object(api_client, namespace, name)
+    except client.exceptions.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
 
 
 def run_status(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
@@ -343,3 +355,18 @@ def wait_for_no_jobs_or_pods(api_client: Any, namespace: str, *, timeout: float,
         )
 
     wait_for(nothing_left, timeout=timeout, what=what)
+
+
+def wait_for_trainer_stopped(api_client: Any, namespace: str, run: str, *, timeout: float, what: str) -> None:
+    """Until the run's trainer Job is suspended and none of its pods is left (a run that ended stops its
+    trainer and frees the GPUs)."""
+    from kubernetes import client
+
+    def stopped() -> bool:
+        job = trainer_job(api_client, namespace, run)
+        pods = client.CoreV1Api(api_client).list_namespaced_pod(
+            namespace, label_selector=f"job-name={names.trainer_job_name(run)}"
+        )
+        return bool(job and job.spec.suspend and not pods.items)
+
+    wait_for(stopped, timeout=timeout, what=what)
