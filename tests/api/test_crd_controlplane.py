@@ -6,7 +6,6 @@ Everything here is the API server's own behaviour; the CRD under test is the com
 from __future__ import annotations
 
 import json
-import subprocess
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,32 +14,17 @@ import pytest
 from asyncrl.api import AsyncTrainingRunStatus, InvalidRunError, Phase, load_run
 from asyncrl.api.types import GROUP, PLURAL, VERSION, JobCounts, RolloutCounts
 from asyncrl.window_summary import WindowSummary
+from tests.support.kube import apply_run, kubectl_run, run_object
 
 from .conftest import EXAMPLES, load_example
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.usefixtures("installed_crd")]
 
 
-def _kubectl(kubectl: list[str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*kubectl, *args], input=stdin, capture_output=True, text=True, timeout=60)
-
-
-def _apply(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    # JSON, not YAML: PyYAML writes the key `n` bare, which kubectl (YAML 1.1) would read as false.
-    return _kubectl(kubectl, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
-
-
 def _custom(api_client: Any) -> Any:
     from kubernetes import client
 
     return client.CustomObjectsApi(api_client)
-
-
-def _read_run(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
-    run: dict[str, Any] = _custom(api_client).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
-    )
-    return run
 
 
 def _server_verdict(api_client: Any, namespace: str, manifest: dict[str, Any]) -> str | None:
@@ -67,7 +51,7 @@ def _local_verdict(manifest: dict[str, Any]) -> str | None:
 
 
 def test_the_crd_is_established_with_its_names(api_client: Any, kubectl: list[str]) -> None:
-    out = _kubectl(kubectl, "api-resources", "--api-group", GROUP, "-o", "wide")
+    out = kubectl_run(kubectl, "api-resources", "--api-group", GROUP, "-o", "wide")
     assert out.returncode == 0, out.stderr
     line = next(line for line in out.stdout.splitlines() if line.startswith(PLURAL))
     assert "atr" in line.split()
@@ -78,10 +62,10 @@ def test_the_crd_is_established_with_its_names(api_client: Any, kubectl: list[st
 def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
     api_client: Any, kubectl: list[str], namespace: str
 ) -> None:
-    out = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    out = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
     assert out.returncode == 0, out.stderr
 
-    stored = _read_run(api_client, namespace, "minimal")["spec"]
+    stored = run_object(api_client, namespace, "minimal")["spec"]
 
     assert stored["rolloutTimeoutSeconds"] == 1800
     assert stored["gateway"] == {
@@ -108,7 +92,7 @@ def test_minimal_example_is_accepted_and_the_server_fills_the_defaults(
 def test_async_window_not_above_train_batch_is_rejected_with_the_2x_advice(
     kubectl: list[str], namespace: str
 ) -> None:
-    out = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-invalid-async.yaml"))
+    out = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-invalid-async.yaml"))
 
     assert out.returncode != 0
     assert "spec.async.windowSize" in out.stderr
@@ -127,7 +111,7 @@ def test_async_enabled_without_a_window_size_is_rejected(
 ) -> None:
     del minimal_manifest["spec"]["async"]["windowSize"]
 
-    out = _apply(kubectl, namespace, minimal_manifest)
+    out = apply_run(kubectl, namespace, minimal_manifest)
 
     assert out.returncode != 0
     assert "windowSize (unset) must be greater than trainBatchSize (2)" in out.stderr
@@ -150,7 +134,7 @@ def test_data_needs_exactly_one_source(
 ) -> None:
     minimal_manifest["spec"]["data"] = data
 
-    out = _apply(kubectl, namespace, minimal_manifest)
+    out = apply_run(kubectl, namespace, minimal_manifest)
 
     assert out.returncode != 0
     assert f"spec.data: Invalid value: {expected}" in out.stderr
@@ -161,7 +145,7 @@ def test_a_spec_without_data_is_rejected(
 ) -> None:
     del minimal_manifest["spec"]["data"]
 
-    out = _apply(kubectl, namespace, minimal_manifest)
+    out = apply_run(kubectl, namespace, minimal_manifest)
 
     assert out.returncode != 0
     assert "spec.data: Required value" in out.stderr
@@ -172,7 +156,7 @@ def test_agent_template_needs_exactly_one_source(
 ) -> None:
     minimal_manifest["spec"]["agents"]["template"]["configMapRef"] = {"name": "agent", "key": "job.yaml.j2"}
 
-    out = _apply(kubectl, namespace, minimal_manifest)
+    out = apply_run(kubectl, namespace, minimal_manifest)
 
     assert out.returncode != 0
     assert "agents.template needs exactly one of configMapRef or inline" in out.stderr
@@ -194,10 +178,10 @@ def test_agent_template_needs_exactly_one_source(
 def test_changing_what_a_run_trains_is_rejected(
     kubectl: list[str], namespace: str, patch: dict[str, Any], field: str
 ) -> None:
-    created = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    created = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
     assert created.returncode == 0, created.stderr
 
-    out = _kubectl(
+    out = kubectl_run(
         kubectl, "patch", "-n", namespace, "atr", "minimal", "--type=merge", "-p", json.dumps(patch)
     )
 
@@ -211,18 +195,18 @@ def test_changing_what_a_run_trains_is_rejected(
 def test_changing_suspend_and_other_mutable_fields_is_accepted(
     api_client: Any, kubectl: list[str], namespace: str
 ) -> None:
-    created = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    created = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
     assert created.returncode == 0, created.stderr
     patch = {
         "spec": {"suspend": True, "agents": {"maxJobsPerMinute": 10}, "async": {"maxCarryOverAgeSteps": 2}}
     }
 
-    out = _kubectl(
+    out = kubectl_run(
         kubectl, "patch", "-n", namespace, "atr", "minimal", "--type=merge", "-p", json.dumps(patch)
     )
 
     assert out.returncode == 0, out.stderr
-    spec = _read_run(api_client, namespace, "minimal")["spec"]
+    spec = run_object(api_client, namespace, "minimal")["spec"]
     assert spec["suspend"] is True
     assert spec["agents"]["maxJobsPerMinute"] == 10
     assert spec["async"]["maxCarryOverAgeSteps"] == 2
@@ -233,11 +217,11 @@ def _columns(table: str) -> list[str]:
 
 
 def test_kubectl_get_shows_the_printer_columns(kubectl: list[str], namespace: str) -> None:
-    created = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    created = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
     assert created.returncode == 0, created.stderr
 
-    plain = _kubectl(kubectl, "get", "atr", "-n", namespace)
-    wide = _kubectl(kubectl, "get", "atr", "-n", namespace, "-o", "wide")
+    plain = kubectl_run(kubectl, "get", "atr", "-n", namespace)
+    wide = kubectl_run(kubectl, "get", "atr", "-n", namespace, "-o", "wide")
 
     assert plain.returncode == 0, plain.stderr
     assert _columns(plain.stdout) == [
@@ -267,10 +251,10 @@ def test_kubectl_get_shows_the_printer_columns(kubectl: list[str], namespace: st
     ]
 
 
-def test_status_is_written_through_the_status_subresource_and_shown_by_kubectl(
+def test_status_is_written_through_the_status_subresource_and_shown_bykubectl_run(
     api_client: Any, kubectl: list[str], namespace: str
 ) -> None:
-    created = _kubectl(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
+    created = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
     assert created.returncode == 0, created.stderr
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     status = AsyncTrainingRunStatus(
@@ -302,9 +286,9 @@ def test_status_is_written_through_the_status_subresource_and_shown_by_kubectl(
         GROUP, VERSION, namespace, PLURAL, "minimal", {"status": {"phase": "Failed"}}
     )
 
-    stored = _read_run(api_client, namespace, "minimal")
+    stored = run_object(api_client, namespace, "minimal")
     assert load_run(stored).status == status
-    wide = _kubectl(kubectl, "get", "atr", "minimal", "-n", namespace, "-o", "wide", "--no-headers")
+    wide = kubectl_run(kubectl, "get", "atr", "minimal", "-n", namespace, "-o", "wide", "--no-headers")
     assert wide.returncode == 0, wide.stderr
     assert wide.stdout.split()[:10] == ["minimal", "Running", "3", "4", "2", "2", "0.75", "40", "3", "7"]
 

@@ -33,15 +33,14 @@ from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.testing.controlplane import ControlPlane, default_bin_dir, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
-from tests.operator.conftest import AGENT_IMAGE, GATEWAY_IMAGE, TRAINER_IMAGE, run_manifest
 from tests.operator.test_rbac import RBAC_DIR, rbac_denials, service_account_kubeconfig
+from tests.support.kube import AGENT_IMAGE, GATEWAY_IMAGE, TRAINER_IMAGE, find_run, run_manifest
 
 pytestmark = pytest.mark.controlplane
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "asyncrl-operator"
 KUBE_VERSION = "1.36.3"  # `helm template` assumes v1.20 when built without version stamps, below kubeVersion
 OPERATOR_IMAGE = "asyncrl.test/operator"
-GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
 Manifest = dict[str, Any]
 
 
@@ -471,16 +470,9 @@ def _get_url(url: str) -> str:
 
 
 def _run_phase(api_client: Any, namespace: str, name: str) -> str | None:
-    from kubernetes import client
-
-    try:
-        run = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name
-        )
-    except client.exceptions.ApiException as error:
-        if error.status == 404:
-            return "Deleted"
-        raise
+    run = find_run(api_client, namespace, name)
+    if run is None:
+        return "Deleted"
     phase: str | None = (run.get("status") or {}).get("phase")
     return phase
 

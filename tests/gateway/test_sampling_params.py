@@ -16,7 +16,7 @@ from asyncrl.api import InvalidRunError, load_run
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
 from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
-from tests.operator.conftest import run_manifest
+from tests.support.kube import run_manifest
 
 MESSAGES = [{"role": "user", "content": "two words"}]
 RUN = RolloutSampling(temperature=0.9, top_p=1.0, top_k=-1)

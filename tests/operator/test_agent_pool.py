@@ -16,7 +16,7 @@ from asyncrl.operator.pool import (
     pool_replicas,
 )
 from asyncrl.operator.templates import TemplateError
-from tests.operator.conftest import run_manifest
+from tests.support.kube import run_manifest
 
 RUN = {
     "apiVersion": "asyncrl.dev/v1alpha1",

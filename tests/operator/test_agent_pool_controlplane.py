@@ -6,9 +6,7 @@ pid) to a file, so a rollout run twice shows up twice, whatever the gateway says
 
 from __future__ import annotations
 
-import collections
 import os
-import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -18,57 +16,19 @@ import pytest
 from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
-from tests.operator.cluster import agent_jobs, apply_run, run_status
-from tests.operator.conftest import OperatorStarter, run_manifest
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    agent_jobs,
+    apply_ok,
+    counting_agent_template,
+    execution_lines,
+    executions_per_rollout,
+    run_manifest,
+    run_status,
+    wait_for_phase,
+)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
-
-
-def _agent_template(executions: Path) -> str:
-    """Records each execution (rollout URL, own pid, runner pid), then ok (a model call, a reward) or hang."""
-    return f"""\
-apiVersion: batch/v1
-kind: Job
-spec:
-  template:
-    spec:
-      containers:
-      - name: agent
-        image: asyncrl.test/python
-        command:
-        - python
-        - -c
-        - |
-          import os, time
-          with open(os.environ["EXECUTIONS"], "a") as log:
-              log.write(f"{{os.environ['AGL_EVENT_URL']}} {{os.getpid()}} {{os.getppid()}}\\n")
-          if os.environ["BEHAVIOUR"] == "hang":
-              time.sleep(600)
-          from asyncrl.agent import chat, report_reward
-          chat([{{"role": "user", "content": "hi"}}])
-          report_reward(1.0)
-        env:
-        - name: EXECUTIONS
-          value: "{executions}"
-        - name: BEHAVIOUR
-          value: "{{{{ behaviour }}}}"
-"""
-
-
-def _lines(path: Path) -> list[tuple[str, int, int]]:
-    """(rollout id, agent pid, runner pid) per execution."""
-    if not path.exists():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        match = re.search(r"/api/rollouts/([^/]+)/attempt/\S+ (\d+) (\d+)$", line)
-        assert match is not None, line
-        found.append((match[1], int(match[2]), int(match[3])))
-    return found
-
-
-def _executions(path: Path) -> collections.Counter[str]:
-    return collections.Counter(rollout for rollout, _, _ in _lines(path))
 
 
 def _alive(pid: int) -> bool:
@@ -80,7 +40,7 @@ def _alive(pid: int) -> bool:
 
 
 def _pool_manifest(name: str, executions: Path, rows: list[dict[str, str]], **spec: Any) -> dict[str, Any]:
-    manifest = run_manifest(name, template=_agent_template(executions), **spec)
+    manifest = run_manifest(name, template=counting_agent_template(executions), **spec)
     manifest["spec"]["data"]["inline"] = rows
     manifest["spec"]["agents"]["mode"] = "Pool"
     manifest["spec"]["agents"]["pool"] = {"replicas": 2}
@@ -112,16 +72,14 @@ def test_a_pool_run_finishes_each_rollout_once_without_jobs_and_its_pool_goes_wi
     executions = tmp_path / "executions.log"
     manifest = _pool_manifest("pooled", executions, [{"behaviour": "ok"}] * 2, totalSteps=2)
     start_operator()
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "pooled")).get("phase") == "Succeeded" and s,
-        timeout=240,
-        what="the Pool run to finish",
+    apply_ok(kubectl, namespace, manifest)
+    status = wait_for_phase(
+        api_client, namespace, "pooled", "Succeeded", timeout=240, what="the Pool run to finish"
     )
-    counted = _executions(executions)
+    counted = executions_per_rollout(executions)
     assert set(counted) == {f"s{step}-g{g}-r{r}" for step in range(2) for g in range(2) for r in range(2)}
     assert set(counted.values()) == {1}, counted
-    runners = {runner for _, _, runner in _lines(executions)}
+    runners = {runner for _, _, runner in execution_lines(executions)}
     assert len(runners) <= 2  # two long-lived pods ran all eight rollouts (no process per rollout)
     assert status["jobs"]["created"] == 8  # launches, as in Jobs mode
     assert status["jobs"]["failed"] == 0
@@ -159,11 +117,11 @@ def test_a_pool_runner_killed_mid_rollout_fails_that_rollout_and_never_runs_it_a
         "killed-pool", executions, [{"behaviour": "hang"}, {"behaviour": "ok"}], totalSteps=1
     )
     start_operator()
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    apply_ok(kubectl, namespace, manifest)
     hanging = {"s0-g0-r0", "s0-g0-r1"}
 
     def both_hanging() -> list[tuple[str, int, int]] | None:
-        lines = [line for line in _lines(executions) if line[0] in hanging]
+        lines = [line for line in execution_lines(executions) if line[0] in hanging]
         return lines if len(lines) == 2 else None
 
     lines = wait_for(both_hanging, timeout=180, what="both pool pods to run a hanging rollout")
@@ -185,14 +143,19 @@ def test_a_pool_runner_killed_mid_rollout_fails_that_rollout_and_never_runs_it_a
         timeout=30,
         what="the killed runners' agents to die with them (PR_SET_PDEATHSIG)",
     )
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "killed-pool")).get("phase") == "Succeeded" and s,
+    status = wait_for_phase(
+        api_client,
+        namespace,
+        "killed-pool",
+        "Succeeded",
         timeout=240,
         what="the run to finish after the restarted pods failed the interrupted rollouts",
     )
-    counted = _executions(executions)
+    counted = executions_per_rollout(executions)
     assert counted == {"s0-g0-r0": 1, "s0-g0-r1": 1, "s0-g1-r0": 1, "s0-g1-r1": 1}, counted
-    restarted_runners = {runner for rollout, _, runner in _lines(executions) if rollout not in hanging}
+    restarted_runners = {
+        runner for rollout, _, runner in execution_lines(executions) if rollout not in hanging
+    }
     assert not restarted_runners & {runner for _, _, runner in lines}  # g1 ran in the restarted runners
     assert status["rollouts"]["failed"] == 2
     assert status["rollouts"]["succeeded"] == 2

@@ -6,7 +6,7 @@ from typing import Any
 
 from asyncrl.api import load_run
 from asyncrl.operator import children
-from tests.operator.conftest import run_manifest
+from tests.support.kube import run_manifest
 
 
 def _run(**spec: Any) -> tuple[dict[str, Any], Any]:

@@ -8,7 +8,6 @@ processes (there is no kubelet or container runtime here), with each image mappe
 
 from __future__ import annotations
 
-import json
 import subprocess
 from typing import Any
 
@@ -17,27 +16,25 @@ import pytest
 from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
-from tests.operator.cluster import events
-from tests.operator.conftest import OperatorStarter, run_manifest
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    agent_template,
+    apply_ok,
+    delete_run,
+    events,
+    run_manifest,
+    run_status,
+    wait_for_no_jobs_or_pods,
+    wait_for_phase,
+)
 from tests.support.wandb_log import history
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
 TRAINER_IMAGE = "asyncrl.test/trainer"
-TOY_AGENT = """\
-apiVersion: batch/v1
-kind: Job
-spec:
-  template:
-    spec:
-      containers:
-      - name: agent
-        image: asyncrl.test/python
-        command: ["python", "-m", "examples.toy_agent.agent"]
-        env:
-        - name: ROW
-          value: {{ input | tojson }}
-"""
+TOY_AGENT = agent_template(
+    command=["python", "-m", "examples.toy_agent.agent"], env={"ROW": "{{ input | tojson }}"}
+)
 SEED_METRICS = [
     "training/async/n_prev_carry_over_rollouts",
     "training/async/n_completed_rollouts",
@@ -70,8 +67,6 @@ def test_apply_trains_with_carry_over_and_delete_leaves_nothing(
     kubectl: list[str],
     start_operator: OperatorStarter,
 ) -> None:
-    from kubernetes import client
-
     start_operator()
     manifest = run_manifest("e2e", template=TOY_AGENT, totalSteps=6)
     spec = manifest["spec"]
@@ -87,13 +82,7 @@ def test_apply_trains_with_carry_over_and_delete_leaves_nothing(
         "checkpoint": {"everySteps": 2},
     }
     spec["logging"] = {"wandb": {"mode": "Offline", "project": "e2e"}}
-    applied = subprocess.run(
-        [*kubectl, "apply", "-n", namespace, "-f", "-"],
-        input=json.dumps(manifest),
-        capture_output=True,
-        text=True,
-    )
-    assert applied.returncode == 0, applied.stderr
+    apply_ok(kubectl, namespace, manifest)
 
     seen: list[dict[str, str]] = []
 
@@ -117,19 +106,10 @@ def test_apply_trains_with_carry_over_and_delete_leaves_nothing(
     for metric in SEED_METRICS:
         assert all(metric in row for row in logged)
 
-    deleted = subprocess.run(
-        [*kubectl, "delete", "atr", "e2e", "-n", namespace, "--wait=true", "--timeout=60s"],
-        capture_output=True,
-        text=True,
-    )
+    deleted = delete_run(kubectl, namespace, "e2e")
     assert deleted.returncode == 0, deleted.stderr
-    batch, core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
-    wait_for(
-        lambda: (
-            not batch.list_namespaced_job(namespace).items and not core.list_namespaced_pod(namespace).items
-        ),
-        timeout=90,
-        what="every Job and pod of the run to be gone",
+    wait_for_no_jobs_or_pods(
+        api_client, namespace, timeout=90, what="every Job and pod of the run to be gone"
     )
 
 
@@ -154,18 +134,13 @@ def test_a_gateway_sidecar_killed_mid_run_is_restarted_and_the_run_finishes_ever
     spec.update(trainBatchSize=2, rollout={"samplesPerPrompt": 2}, rolloutTimeoutSeconds=120)
     spec["async"] = {"enabled": True, "windowSize": 4}
     spec["trainer"] = {"backend": "Reference", "image": TRAINER_IMAGE, "gpus": 0}
-    applied = subprocess.run(
-        [*kubectl, "apply", "-n", namespace, "-f", "-"], input=json.dumps(manifest), text=True, check=False
+    apply_ok(kubectl, namespace, manifest)
+    wait_for(
+        lambda: (run_status(api_client, namespace, "regw").get("step") or 0) >= 1,
+        timeout=300,
+        interval=1.0,
+        what="step 1",
     )
-    assert applied.returncode == 0
-
-    def status() -> dict[str, Any]:
-        run = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            "asyncrl.dev", "v1alpha1", namespace, "asynctrainingruns", "regw"
-        )
-        return dict(run.get("status") or {})
-
-    wait_for(lambda: (status().get("step") or 0) >= 1, timeout=300, interval=1.0, what="step 1")
 
     def gateway_container() -> dict[str, Any] | None:
         pods = client.CoreV1Api(api_client).list_namespaced_pod(
@@ -188,11 +163,8 @@ def test_a_gateway_sidecar_killed_mid_run_is_restarted_and_the_run_finishes_ever
         what="the gateway sidecar to be restarted",
     )
     assert after["pid"] != before["pid"]
-    final = wait_for(
-        lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s,
-        timeout=420,
-        interval=1.0,
-        what="the run to end",
+    final = wait_for_phase(
+        api_client, namespace, "regw", "Succeeded", "Failed", timeout=420, interval=1.0, what="the run to end"
     )
     assert final["phase"] == "Succeeded", final.get("message")
     assert final["step"] == 4  # every step ran, under the new gateway too

@@ -19,15 +19,21 @@ from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
 from tests.api.conftest import EXAMPLES
-from tests.operator.cluster import (
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    AGENT_TEMPLATE,
+    TRAINER_IMAGE,
+    apply_ok,
     apply_run,
-    condition,
     events,
     kubectl_run,
+    run_manifest,
     run_status,
-    trainer_job,
+    status_condition,
+    wait_for_phase,
+    wait_for_trainer_job,
+    wait_for_trainer_stopped,
 )
-from tests.operator.conftest import AGENT_TEMPLATE, TRAINER_IMAGE, OperatorStarter, run_manifest
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -48,7 +54,7 @@ def test_every_example_gets_its_trainer_job_with_its_gpus(
     assert applied.returncode == 0, applied.stderr
     manifest = yaml.safe_load((EXAMPLES / example).read_text())
     name = manifest["metadata"]["name"]
-    job = wait_for(lambda: trainer_job(api_client, namespace, name), timeout=90, what="the trainer Job")
+    job = wait_for_trainer_job(api_client, namespace, name, timeout=90, what="the trainer Job")
     (trainer,) = job.spec.template.spec.containers
     gpus = int(manifest["spec"].get("trainer", {}).get("gpus", 1))
     limits = (trainer.resources.limits or {}) if trainer.resources else {}
@@ -74,23 +80,20 @@ def test_a_run_with_the_default_gpu_trainer_trains_to_completion(
         "image": TRAINER_IMAGE,
         "resources": {"limits": {"memory": "2Gi", "cpu": 2}, "requests": {"cpu": "500m"}},
     }
-    applied = apply_run(kubectl, namespace, manifest)
-    assert applied.returncode == 0, applied.stderr
-    job = wait_for(lambda: trainer_job(api_client, namespace, "gpu-default"), timeout=90, what="the Job")
+    apply_ok(kubectl, namespace, manifest)
+    job = wait_for_trainer_job(api_client, namespace, "gpu-default", timeout=90, what="the Job")
     (trainer,) = job.spec.template.spec.containers
     assert trainer.resources.limits == {"nvidia.com/gpu": "1", "memory": "2Gi", "cpu": "2"}
     assert trainer.resources.requests == {"nvidia.com/gpu": "1", "cpu": "500m"}
-    wait_for(
-        lambda: run_status(api_client, namespace, "gpu-default").get("phase") == "Succeeded",
-        timeout=180,
-        what="the GPU run to succeed",
+    wait_for_phase(
+        api_client, namespace, "gpu-default", "Succeeded", timeout=180, what="the GPU run to succeed"
     )
     waited = kubectl_run(
         kubectl, "wait", "-n", namespace, "atr/gpu-default", "--for=condition=Complete", "--timeout=30s"
     )
     assert waited.returncode == 0, waited.stderr
     status = run_status(api_client, namespace, "gpu-default")
-    failed = condition(status, "Failed")
+    failed = status_condition(status, "Failed")
     assert failed is not None
     assert failed["status"] == "False"
 
@@ -118,8 +121,8 @@ def test_a_name_at_the_length_limit_gets_all_its_children(
 
     start_operator()
     name = "a" * 63
-    assert apply_run(kubectl, namespace, run_manifest(name)).returncode == 0
-    wait_for(lambda: trainer_job(api_client, namespace, name), timeout=90, what="the trainer Job")
+    apply_ok(kubectl, namespace, run_manifest(name))
+    wait_for_trainer_job(api_client, namespace, name, timeout=90, what="the trainer Job")
     core = client.CoreV1Api(api_client)
     service = core.read_namespaced_service(names.gateway_service_name(name), namespace)
     assert len(service.metadata.name) <= 63
@@ -143,7 +146,7 @@ def test_a_missing_template_config_map_is_reported_and_picked_up_once_created(
     start_operator()
     manifest = run_manifest("later-template")
     manifest["spec"]["agents"]["template"] = {"configMapRef": {"name": "agent-template", "key": "job.j2"}}
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    apply_ok(kubectl, namespace, manifest)
     status = wait_for(
         lambda: (s := run_status(api_client, namespace, "later-template")).get("message") and s,
         timeout=60,
@@ -157,7 +160,7 @@ def test_a_missing_template_config_map_is_reported_and_picked_up_once_created(
     client.CoreV1Api(api_client).create_namespaced_config_map(
         namespace, {"metadata": {"name": "agent-template"}, "data": {"job.j2": AGENT_TEMPLATE}}
     )
-    wait_for(lambda: trainer_job(api_client, namespace, "later-template"), timeout=90, what="the Job")
+    wait_for_trainer_job(api_client, namespace, "later-template", timeout=90, what="the Job")
 
 
 def test_inline_data_too_large_for_a_config_map_fails_the_run_with_advice(
@@ -171,11 +174,7 @@ def test_inline_data_too_large_for_a_config_map_fails_the_run_with_advice(
     # `create`, not `apply`: apply's last-applied annotation could not hold a 1 MiB spec.
     created = kubectl_run(kubectl, "create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
     assert created.returncode == 0, created.stderr
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "big-data")).get("phase") == "Failed" and s,
-        timeout=60,
-        what="the run to fail",
-    )
+    status = wait_for_phase(api_client, namespace, "big-data", "Failed", timeout=60, what="the run to fail")
     assert "spec.data.configMapRef" in status["message"]
     assert client.BatchV1Api(api_client).list_namespaced_job(namespace).items == []
 
@@ -188,21 +187,17 @@ def test_a_trainer_configuration_error_fails_the_run_and_the_trainer_is_stopped(
     start_operator: OperatorStarter,
     tmp_path: Path,
 ) -> None:
-    from kubernetes import client
-
     start_operator()
     executions = tmp_path / "trainer-executions"
     manifest = run_manifest("bad-config", totalSteps=3)
     manifest["spec"]["model"]["path"] = f"stub-fail:config_error:{executions}"
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "bad-config")).get("phase") == "Failed" and s,
-        timeout=120,
-        what="the run to fail",
+    apply_ok(kubectl, namespace, manifest)
+    status = wait_for_phase(
+        api_client, namespace, "bad-config", "Failed", timeout=120, what="the run to fail"
     )
     assert "configuration error" in status["message"]
     assert "stub config_error" in status["message"]
-    failed = condition(status, "Failed")
+    failed = status_condition(status, "Failed")
     assert failed is not None
     assert failed["status"] == "True"
     waited = kubectl_run(
@@ -212,12 +207,11 @@ def test_a_trainer_configuration_error_fails_the_run_and_the_trainer_is_stopped(
 
     # Not restarted: the Job is suspended and its pod goes; the pod runner restarts a container after 1 s
     # (a kubelet after 10 s), so at most one restart can slip in before the operator's reaction.
-    def stopped() -> bool:
-        job = trainer_job(api_client, namespace, "bad-config")
-        pods = client.CoreV1Api(api_client).list_namespaced_pod(
-            namespace, label_selector=f"job-name={names.trainer_job_name('bad-config')}"
-        )
-        return bool(job and job.spec.suspend and not pods.items)
-
-    wait_for(stopped, timeout=90, what="the trainer Job to be suspended and its pod gone")
+    wait_for_trainer_stopped(
+        api_client,
+        namespace,
+        "bad-config",
+        timeout=90,
+        what="the trainer Job to be suspended and its pod gone",
+    )
     assert 1 <= len(executions.read_text().splitlines()) <= 2

@@ -29,19 +29,34 @@ import pytest
 
 from asyncrl.operator import names
 from asyncrl.operator.ray_cluster import RAY_CLUSTER_PLURAL, RAY_GROUP
-from asyncrl.testing.controlplane import ControlPlane, ControlPlaneError, default_bin_dir, free_port
+from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.kuberay_pods import KubeRayLocalPods
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.podspec import Image, ImageTable
 from asyncrl.testing.processes import start_server
 from asyncrl.testing.waiting import wait_for
-from tests.operator.cluster import apply_run, kubectl_run
-from tests.operator.conftest import GATEWAY_IMAGE, TRAINER_IMAGE, run_manifest
+from tests.support.kube import (
+    GATEWAY_IMAGE,
+    REPO,
+    TRAINER_IMAGE,
+    api_client_for,
+    apply_ok,
+    delete_run,
+    fresh_namespace,
+    kubectl_for,
+    kubectl_run,
+    pod_base_env,
+    run_manifest,
+    run_object,
+    run_status,
+    running_control_plane,
+    start_operator_process,
+    wait_established,
+)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
 KUBERAY_VERSION = "1.5.0"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def kuberay_dir() -> Path:
@@ -57,28 +72,19 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
             "run scripts/provision-kuberay.sh",
             pytrace=False,
         )
-    control = ControlPlane(bin_dir=default_bin_dir(), work_dir=tmp_path_factory.mktemp("kuberay-plane"))
-    try:
-        control.start()
-    except ControlPlaneError as error:
-        pytest.fail(str(error), pytrace=False)
-    yield control
-    control.stop()
+    with running_control_plane(tmp_path_factory.mktemp("kuberay-plane")) as control:
+        yield control
 
 
 @pytest.fixture(scope="module")
 def client_of(plane: ControlPlane) -> Iterator[Any]:
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)
-    with client.ApiClient(configuration) as api:
+    with api_client_for(plane) as api:
         yield api
 
 
 @pytest.fixture(scope="module")
 def kubectl_of(plane: ControlPlane) -> list[str]:
-    return [str(Path(plane.bin_dir) / "kubectl"), f"--kubeconfig={plane.kubeconfig}"]
+    return kubectl_for(plane)
 
 
 @pytest.fixture(scope="module")
@@ -91,17 +97,7 @@ def kuberay(
         done = kubectl_run(kubectl_of, "apply", "--server-side", "--force-conflicts", "-f", str(path))
         assert done.returncode == 0, done.stderr
     for crd in ("asynctrainingruns.asyncrl.dev", "rayclusters.ray.io"):
-        done = wait_for(
-            lambda crd=crd: (
-                kubectl_run(
-                    kubectl_of, "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s"
-                ).returncode
-                == 0
-            ),
-            timeout=90,
-            what=f"CRD {crd} Established",
-            interval=1.0,
-        )
+        wait_established(kubectl_of, crd)
     health = free_port()
     operator = start_server(
         [
@@ -123,12 +119,8 @@ def kuberay(
 
 @pytest.fixture
 def ns(client_of: Any) -> Iterator[str]:
-    from kubernetes import client
-
-    name = f"kr-{os.urandom(4).hex()}"
-    client.CoreV1Api(client_of).create_namespace({"metadata": {"name": name}})
-    yield name
-    client.CoreV1Api(client_of).delete_namespace(name)
+    with fresh_namespace(client_of, prefix="kr") as name:
+        yield name
 
 
 def _pods(client_of: Any, namespace: str, selector: str) -> list[Any]:
@@ -166,18 +158,11 @@ def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_dele
             ),
         }
     )
-    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
     # Ray's own temp dir, not the host's /tmp/ray: a killed head leaves /tmp/ray/ray_current_cluster behind,
     # and any later `ray.init()` on this machine would then try to join that dead cluster. Short, because
     # Ray's unix sockets live under it (108 characters at most).
     ray_tmp = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))
-    base_env = {
-        "PATH": path,
-        "LANG": "C.UTF-8",
-        "PYTHONPATH": f"{REPO / 'src'}:{REPO}",
-        "HOME": str(tmp_path),
-        "RAY_TMPDIR": str(ray_tmp),
-    }
+    base_env = {**pod_base_env(), "HOME": str(tmp_path), "RAY_TMPDIR": str(ray_tmp)}
     runner = PodRunner(
         api_client=client_of,
         images=images,
@@ -185,25 +170,9 @@ def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_dele
         base_env=base_env,
         rewrite=KubeRayLocalPods(free_port),
     )
-    health = free_port()
     with runner:
-        operator = start_server(
-            [
-                sys.executable,
-                "-m",
-                "asyncrl.cli",
-                "operator",
-                "--namespace",
-                ns,
-                "--gateway-address",
-                "localhost",
-                f"--kubeconfig={plane.kubeconfig}",
-                f"--health-port={health}",
-            ],
-            ready_url=f"http://127.0.0.1:{health}/healthz",
-            log_path=tmp_path / "operator.log",
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            timeout_seconds=60,
+        operator = start_operator_process(
+            kubeconfig=plane.kubeconfig, scope=["--namespace", ns], log_path=tmp_path / "operator.log"
         )
         try:
             _two_node_run(client_of, kubectl_of, ns, report)
@@ -232,10 +201,9 @@ def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) 
         resources={"limits": {"cpu": "1", "memory": "2Gi"}},
         checkpoint={"claimName": "shared"},
     )
-    applied = apply_run(kubectl_of, ns, manifest)
-    assert applied.returncode == 0, applied.stderr
+    apply_ok(kubectl_of, ns, manifest)
     run_uid = wait_for(
-        lambda: _run(client_of, ns).get("metadata", {}).get("uid"), timeout=30, what="the run stored"
+        lambda: run_object(client_of, ns, "multi")["metadata"].get("uid"), timeout=30, what="the run stored"
     )
 
     cluster = wait_for(lambda: _ray_cluster(client_of, ns, "multi"), timeout=120, what="the RayCluster")
@@ -248,7 +216,7 @@ def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) 
     states: set[str] = set()
 
     def reported() -> dict[str, Any] | None:
-        states.add(str(_run(client_of, ns).get("status", {}).get("rayCluster")))
+        states.add(str(run_status(client_of, ns, "multi").get("rayCluster")))
         return json.loads(report.read_text()) if report.exists() else None
 
     seen = wait_for(reported, timeout=420, what="the driver's report of the Ray cluster", interval=1.0)
@@ -267,7 +235,7 @@ def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) 
 
     # The driver exited 0: the run succeeded, the status showed the cluster, and its GPUs are released.
     def succeeded() -> dict[str, Any] | None:
-        status: dict[str, Any] = _run(client_of, ns).get("status") or {}
+        status = run_status(client_of, ns, "multi")
         states.add(str(status.get("rayCluster")))
         return status if status.get("phase") == "Succeeded" else None
 
@@ -281,7 +249,7 @@ def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) 
     assert (_ray_cluster(client_of, ns, "multi") or {}).get("spec", {}).get("suspend") is True
 
     # Deleting the run deletes the cluster (owner GC) and everything of it.
-    deleted = kubectl_run(kubectl_of, "delete", "atr", "multi", "-n", ns, "--wait=true", "--timeout=60s")
+    deleted = delete_run(kubectl_of, ns, "multi")
     assert deleted.returncode == 0, deleted.stderr
 
     def leftovers() -> list[str]:
@@ -299,15 +267,3 @@ def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) 
         return found
 
     wait_for(lambda: not leftovers() or None, timeout=180, what="nothing left of the run")
-
-
-def _run(client_of: Any, namespace: str) -> dict[str, Any]:
-    from kubernetes import client
-
-    try:
-        found: dict[str, Any] = client.CustomObjectsApi(client_of).get_namespaced_custom_object(
-            "asyncrl.dev", "v1alpha1", namespace, "asynctrainingruns", "multi"
-        )
-    except client.exceptions.ApiException:
-        return {}
-    return found

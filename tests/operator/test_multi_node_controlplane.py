@@ -13,9 +13,16 @@ import pytest
 
 from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
-from asyncrl.testing.waiting import wait_for
-from tests.operator.cluster import apply_run, events, run_status, trainer_job
-from tests.operator.conftest import OperatorStarter, run_manifest
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    apply_ok,
+    events,
+    run_manifest,
+    run_status,
+    trainer_job,
+    wait_for_phase,
+    wait_for_trainer_job,
+)
 
 pytestmark = [pytest.mark.controlplane]
 
@@ -40,11 +47,6 @@ def _multi_node(name: str, claim: str) -> dict[str, Any]:
     return manifest
 
 
-def _failed(api_client: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    status = run_status(api_client, namespace, name)
-    return status if status.get("phase") == "Failed" else None
-
-
 def test_without_kuberay_a_multi_node_run_fails_once_with_what_to_install_and_a_one_node_run_works(
     api_client: Any,
     pod_runner: PodRunner,
@@ -56,21 +58,19 @@ def test_without_kuberay_a_multi_node_run_fails_once_with_what_to_install_and_a_
 
     start_operator()
     _claim(api_client, namespace, "shared", "ReadWriteMany")
-    assert apply_run(kubectl, namespace, _multi_node("multi", "shared")).returncode == 0
-    assert apply_run(kubectl, namespace, run_manifest("single")).returncode == 0
+    apply_ok(kubectl, namespace, _multi_node("multi", "shared"))
+    apply_ok(kubectl, namespace, run_manifest("single"))
 
-    status = wait_for(lambda: _failed(api_client, namespace, "multi"), timeout=120, what="multi Failed")
+    status = wait_for_phase(api_client, namespace, "multi", "Failed", timeout=120, what="multi Failed")
     assert "no RayCluster CRD" in status["message"]
     assert "install KubeRay" in status["message"]
     assert "spec.trainer.nodes: 1" in status["message"]
     assert trainer_job(api_client, namespace, "multi") is None  # no one-node fallback behind the user's back
 
     # The one-node run in the same namespace is untouched by KubeRay's absence: its trainer Job runs.
-    wait_for(lambda: trainer_job(api_client, namespace, "single"), timeout=120, what="single's trainer Job")
-    wait_for(
-        lambda: run_status(api_client, namespace, "single").get("phase") in ("Running", "Succeeded"),
-        timeout=240,
-        what="single Running",
+    wait_for_trainer_job(api_client, namespace, "single", timeout=120, what="single's trainer Job")
+    wait_for_phase(
+        api_client, namespace, "single", "Running", "Succeeded", timeout=240, what="single Running"
     )
     assert "rayCluster" not in run_status(api_client, namespace, "single")
 
@@ -78,8 +78,12 @@ def test_without_kuberay_a_multi_node_run_fails_once_with_what_to_install_and_a_
     assert len(events(kubectl, namespace, reason="RayClusterRejected")) == 1
     assert not events(kubectl, namespace, reason="ReconcileError")
     start_operator()
-    wait_for(
-        lambda: run_status(api_client, namespace, "single").get("phase") in ("Running", "Succeeded"),
+    wait_for_phase(
+        api_client,
+        namespace,
+        "single",
+        "Running",
+        "Succeeded",
         timeout=120,
         what="single still Running after the restart",
     )
@@ -95,8 +99,8 @@ def test_a_checkpoint_claim_only_one_node_can_mount_fails_the_run_naming_read_wr
 ) -> None:
     start_operator()
     _claim(api_client, namespace, "single-node", "ReadWriteOnce")
-    assert apply_run(kubectl, namespace, _multi_node("multi", "single-node")).returncode == 0
-    status = wait_for(lambda: _failed(api_client, namespace, "multi"), timeout=120, what="multi Failed")
+    apply_ok(kubectl, namespace, _multi_node("multi", "single-node"))
+    status = wait_for_phase(api_client, namespace, "multi", "Failed", timeout=120, what="multi Failed")
     assert "spec.trainer.checkpoint.claimName" in status["message"]
     assert "ReadWriteMany" in status["message"]
     assert "ReadWriteOnce" in status["message"]

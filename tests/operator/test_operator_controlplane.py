@@ -17,8 +17,19 @@ import pytest
 from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
-from tests.operator.cluster import agent_jobs, apply_run, events, run_object, run_status
-from tests.operator.conftest import OperatorStarter, run_manifest
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    agent_jobs,
+    apply_ok,
+    apply_run,
+    delete_run,
+    events,
+    run_manifest,
+    run_object,
+    run_status,
+    wait_for_no_jobs_or_pods,
+    wait_for_phase,
+)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -33,8 +44,7 @@ def test_a_run_trains_through_agent_jobs_and_reports_progress_in_its_status(
     from kubernetes import client
 
     start_operator()
-    applied = apply_run(kubectl, namespace, run_manifest("demo"))
-    assert applied.returncode == 0, applied.stderr
+    apply_ok(kubectl, namespace, run_manifest("demo"))
 
     # Children exist, each owned by the run.
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
@@ -59,10 +69,8 @@ def test_a_run_trains_through_agent_jobs_and_reports_progress_in_its_status(
 
     # The stand-in trainer runs 2 steps of 2 groups x 2 rollouts; each rollout is one agent Job whose agent
     # calls the model through the gateway and reports a reward.
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "demo")).get("phase") == "Succeeded" and s,
-        timeout=180,
-        what="the run to succeed",
+    status = wait_for_phase(
+        api_client, namespace, "demo", "Succeeded", timeout=180, what="the run to succeed"
     )
     assert status["step"] == 1
     assert status["completedRollouts"] == 4
@@ -115,12 +123,8 @@ def test_a_run_with_a_verl_key_the_run_owns_fails_with_the_reason_and_creates_no
     start_operator()
     manifest = run_manifest("owned-key")
     manifest["spec"]["trainer"]["verlOverrides"] = {"data.train_batch_size": 64}
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "owned-key")).get("phase") == "Failed" and s,
-        timeout=60,
-        what="the run to fail",
-    )
+    apply_ok(kubectl, namespace, manifest)
+    status = wait_for_phase(api_client, namespace, "owned-key", "Failed", timeout=60, what="the run to fail")
     assert "spec.trainer.verlOverrides" in status["message"]
     assert "'data.train_batch_size' is set by spec.trainBatchSize" in status["message"]
 
@@ -145,7 +149,7 @@ def test_job_creation_is_rate_limited(
     start_operator()
     manifest = run_manifest("limited", totalSteps=1, rollout={"samplesPerPrompt": 3})
     manifest["spec"]["agents"]["maxJobsPerMinute"] = 4
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    apply_ok(kubectl, namespace, manifest)
     wait_for(lambda: len(agent_jobs(api_client, namespace)) >= 4, timeout=90, what="the first 4 Jobs")
     # 6 rollouts are queued; with 4 per minute the 5th Job may not exist within the first minute.
     first = min(job.metadata.creation_timestamp for job in agent_jobs(api_client, namespace))
@@ -165,7 +169,7 @@ def test_an_operator_restart_mid_run_creates_no_duplicate_job_and_keeps_status(
 ) -> None:
     operator = start_operator()
     manifest = run_manifest("restart", totalSteps=3)
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    apply_ok(kubectl, namespace, manifest)
     wait_for(
         lambda: run_status(api_client, namespace, "restart").get("step") == 0, timeout=120, what="step 0"
     )
@@ -173,8 +177,11 @@ def test_an_operator_restart_mid_run_creates_no_duplicate_job_and_keeps_status(
     before = run_status(api_client, namespace, "restart")
     time.sleep(2)
     start_operator()
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "restart")).get("phase") == "Succeeded" and s,
+    status = wait_for_phase(
+        api_client,
+        namespace,
+        "restart",
+        "Succeeded",
         timeout=180,
         what="the run to finish under the new operator",
     )
@@ -192,29 +199,17 @@ def test_deleting_a_run_leaves_no_job_or_pod(
     kubectl: list[str],
     start_operator: OperatorStarter,
 ) -> None:
-    from kubernetes import client
-
     start_operator()
-    assert apply_run(kubectl, namespace, run_manifest("doomed", totalSteps=50)).returncode == 0
+    apply_ok(kubectl, namespace, run_manifest("doomed", totalSteps=50))
     wait_for(
         lambda: run_status(api_client, namespace, "doomed").get("step") is not None,
         timeout=120,
         what="a step",
     )
-    deleted = subprocess.run(
-        [*kubectl, "delete", "atr", "doomed", "-n", namespace, "--wait=true", "--timeout=60s"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    deleted = delete_run(kubectl, namespace, "doomed")
     assert deleted.returncode == 0, deleted.stderr
-    batch, core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
-
-    def nothing_left() -> bool:
-        jobs = batch.list_namespaced_job(namespace).items
-        pods = core.list_namespaced_pod(namespace).items
-        return not jobs and not pods
-
-    wait_for(nothing_left, timeout=90, what="every Job and pod of the run to be gone")
+    wait_for_no_jobs_or_pods(
+        api_client, namespace, timeout=90, what="every Job and pod of the run to be gone"
+    )
     reasons = {item.get("reason") for item in events(kubectl, namespace)}
     assert "PhaseRunning" in reasons

@@ -13,7 +13,7 @@ from asyncrl.api import InvalidRunError, load_run
 from asyncrl.api.types.spec import RESTRICTED_SECURITY_CONTEXT, TrainerPodTemplate
 from asyncrl.operator import children, names
 from asyncrl.operator.pod_template import merge_pod_template
-from tests.operator.conftest import run_manifest
+from tests.support.kube import run_manifest
 
 
 def _job(**trainer: Any) -> tuple[dict[str, Any], str | None]:

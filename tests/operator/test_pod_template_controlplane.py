@@ -8,8 +8,6 @@ trainer for the trainer image.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from typing import Any
 
 import pytest
@@ -17,11 +15,18 @@ import pytest
 from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import WaitTimeout, wait_for
-from tests.operator.conftest import AGENT_TEMPLATE, OperatorStarter, run_manifest
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    AGENT_TEMPLATE,
+    apply_ok,
+    run_manifest,
+    run_status,
+    status_condition,
+    wait_for_phase,
+)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
-GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
 ENFORCE_RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 # The agents must meet `restricted` too in such a namespace: the template says so itself.
 RESTRICTED_AGENT_TEMPLATE = AGENT_TEMPLATE.replace(
@@ -39,31 +44,6 @@ def _label_namespace(api_client: Any, namespace: str, labels: dict[str, str]) ->
     from kubernetes import client
 
     client.CoreV1Api(api_client).patch_namespace(namespace, {"metadata": {"labels": labels}})
-
-
-def _apply(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> None:
-    applied = subprocess.run(
-        [*kubectl, "apply", "-n", namespace, "-f", "-"],
-        input=json.dumps(manifest),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert applied.returncode == 0, applied.stderr
-
-
-def _run(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
-    from kubernetes import client
-
-    run: dict[str, Any] = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
-    )
-    return run
-
-
-def _condition(run: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    conditions = (run.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == kind), None)
 
 
 def _events(api_client: Any, namespace: str, *, kind: str, name: str) -> list[dict[str, Any]]:
@@ -97,7 +77,7 @@ def test_a_run_starts_and_finishes_in_a_namespace_that_enforces_restricted(
     """No securityContext in the manifest: the operator's defaults are what PodSecurity admits."""
     _label_namespace(api_client, namespace, ENFORCE_RESTRICTED)
     start_operator()
-    _apply(kubectl, namespace, run_manifest("strict", template=RESTRICTED_AGENT_TEMPLATE, totalSteps=1))
+    apply_ok(kubectl, namespace, run_manifest("strict", template=RESTRICTED_AGENT_TEMPLATE, totalSteps=1))
     (pod,) = wait_for(
         lambda: _trainer_pods(api_client, namespace, "strict"), timeout=90, what="the trainer pod"
     )
@@ -107,14 +87,17 @@ def test_a_run_starts_and_finishes_in_a_namespace_that_enforces_restricted(
         assert context.allow_privilege_escalation is False
         assert context.capabilities.drop == ["ALL"]
         assert context.seccomp_profile.type == "RuntimeDefault"
-    wait_for(
-        lambda: (_run(api_client, namespace, "strict").get("status") or {}).get("phase") == "Succeeded",
+    wait_for_phase(
+        api_client,
+        namespace,
+        "strict",
+        "Succeeded",
         timeout=180,
         what="the run to succeed in the restricted namespace",
     )
     job_events = _events(api_client, namespace, kind="Job", name=names.trainer_job_name("strict"))
     assert [e for e in job_events if e["reason"] == "FailedCreate"] == []
-    applied = _condition(_run(api_client, namespace, "strict"), "PodTemplateApplied")
+    applied = status_condition(run_status(api_client, namespace, "strict"), "PodTemplateApplied")
     assert applied is not None
     assert (applied["status"], applied["reason"]) == ("True", "Applied")
 
@@ -133,10 +116,10 @@ def test_a_template_that_breaks_restricted_is_named_on_the_run(
             "podTemplate": {"trainerContainer": {"securityContext": {"allowPrivilegeEscalation": True}}},
         },
     )
-    _apply(kubectl, namespace, manifest)
+    apply_ok(kubectl, namespace, manifest)
 
     def reported() -> dict[str, Any] | None:
-        condition = _condition(_run(api_client, namespace, "escalates"), "PodTemplateApplied")
+        condition = status_condition(run_status(api_client, namespace, "escalates"), "PodTemplateApplied")
         return condition if condition and condition["status"] == "False" else None
 
     condition = wait_for(reported, timeout=90, what="the PodTemplateApplied condition")
@@ -181,9 +164,9 @@ def test_fields_the_operator_owns_are_refused_on_the_run_and_the_rest_applied(
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     }
     manifest = run_manifest("owned", trainer={"backend": "Reference", "gpus": 0, "podTemplate": pod_template})
-    _apply(kubectl, namespace, manifest)
+    apply_ok(kubectl, namespace, manifest)
     condition = wait_for(
-        lambda: _condition(_run(api_client, namespace, "owned"), "PodTemplateApplied"),
+        lambda: status_condition(run_status(api_client, namespace, "owned"), "PodTemplateApplied"),
         timeout=90,
         what="the PodTemplateApplied condition",
     )
@@ -228,13 +211,9 @@ def test_a_template_the_api_server_refuses_fails_the_run_once_with_its_reason(
             "podTemplate": {"tolerations": [{"key": "gpu", "operator": "Sideways"}]},
         },
     )
-    _apply(kubectl, namespace, manifest)
-    wait_for(
-        lambda: (_run(api_client, namespace, "sideways").get("status") or {}).get("phase") == "Failed",
-        timeout=90,
-        what="the run to fail",
-    )
-    message = _run(api_client, namespace, "sideways")["status"]["message"]
+    apply_ok(kubectl, namespace, manifest)
+    wait_for_phase(api_client, namespace, "sideways", "Failed", timeout=90, what="the run to fail")
+    message = run_status(api_client, namespace, "sideways")["message"]
     assert message.startswith("the API server refused the trainer Job: Invalid (422): ")
     assert "spec.template.spec.tolerations[0].operator" in message
     assert "Sideways" in message

@@ -19,7 +19,7 @@ from asyncrl.operator.ray_cluster import (
     suspend_patch,
     trainer_view,
 )
-from tests.operator.conftest import run_manifest
+from tests.support.kube import run_manifest
 
 MULTI_NODE: dict[str, Any] = {
     "backend": "Verl",

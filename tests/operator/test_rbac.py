@@ -14,10 +14,8 @@ trainer.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,18 +25,17 @@ from typing import Any
 import pytest
 import yaml
 
-from asyncrl.testing.controlplane import ControlPlane, free_port
+from asyncrl.testing.controlplane import ControlPlane
 from asyncrl.testing.podrunner import PodRunner
-from asyncrl.testing.processes import ServerProcess, start_server
+from asyncrl.testing.processes import ServerProcess
 from asyncrl.testing.waiting import wait_for
-from tests.operator.conftest import run_manifest
+from tests.support.kube import apply_ok, find_run, run_manifest, start_operator_process, wait_for_phase
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
 RBAC_DIR = Path(__file__).resolve().parents[2] / "operator" / "rbac"
 MANIFEST_NAMESPACE = "asyncrl-system"  # the namespace the committed manifests name
 SERVICE_ACCOUNT = "asyncrl-operator"
-GROUP, VERSION, PLURAL = "asyncrl.dev", "v1alpha1", "asynctrainingruns"
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
 
 
@@ -159,67 +156,22 @@ def install_rbac(
             )
 
 
-def start_operator_as(kubeconfig: Path, scope: list[str], log_path: Path) -> ServerProcess:
-    health = free_port()
-    return start_server(
-        [
-            sys.executable,
-            "-m",
-            "asyncrl.cli",
-            "operator",
-            *scope,
-            "--gateway-address",
-            "localhost",
-            f"--kubeconfig={kubeconfig}",
-            f"--health-port={health}",
-        ],
-        ready_url=f"http://127.0.0.1:{health}/healthz",
-        log_path=log_path,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        timeout_seconds=60,
-    )
-
-
-def _run(api_client: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    from kubernetes import client
-
-    try:
-        run: dict[str, Any] = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name
-        )
-    except client.exceptions.ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-    return run
-
-
-def _apply_run(kubectl: list[str], namespace: str, manifest: dict[str, Any]) -> None:
-    done = subprocess.run(
-        [*kubectl, "apply", "-n", namespace, "-f", "-"],
-        input=json.dumps(manifest),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-
-
 def _a_run_succeeds_and_is_deleted(
     api_client: Any, kubectl: list[str], namespace: str, operator: ServerProcess
 ) -> None:
     """Children, agent Jobs, status, Events and the finalizer all work under the operator's identity."""
     from kubernetes import client
 
-    _apply_run(kubectl, namespace, run_manifest("rbac"))
-
-    def succeeded() -> dict[str, Any] | None:
-        run = _run(api_client, namespace, "rbac") or {}
-        status = run.get("status") or {}
-        return status if status.get("phase") == "Succeeded" else None
-
+    apply_ok(kubectl, namespace, run_manifest("rbac"))
     try:
-        status = wait_for(succeeded, timeout=180, what="the run to succeed under the operator's RBAC")
+        status = wait_for_phase(
+            api_client,
+            namespace,
+            "rbac",
+            "Succeeded",
+            timeout=180,
+            what="the run to succeed under the operator's RBAC",
+        )
     except AssertionError:
         print(operator.log()[-6000:])
         raise
@@ -237,7 +189,9 @@ def _a_run_succeeds_and_is_deleted(
     subprocess.run(
         [*kubectl, "delete", "atr", "rbac", "-n", namespace, "--wait=false"], check=True, capture_output=True
     )
-    wait_for(lambda: _run(api_client, namespace, "rbac") is None, timeout=60, what="the run to be deleted")
+    wait_for(
+        lambda: find_run(api_client, namespace, "rbac") is None, timeout=60, what="the run to be deleted"
+    )
     assert operator.process.poll() is None, operator.log()
     assert rbac_denials(operator.log(), namespace=namespace) == []
 
@@ -252,8 +206,10 @@ def test_the_namespaced_role_is_enough_for_a_run_to_succeed(
     tmp_path: Path,
 ) -> None:
     installed: Installed = install_rbac("role.yaml")
-    operator = start_operator_as(
-        installed.kubeconfig, ["--namespace", namespace], tmp_path / "operator-namespaced.log"
+    operator = start_operator_process(
+        kubeconfig=installed.kubeconfig,
+        scope=["--namespace", namespace],
+        log_path=tmp_path / "operator-namespaced.log",
     )
     try:
         _a_run_succeeds_and_is_deleted(api_client, kubectl, namespace, operator)
@@ -333,8 +289,10 @@ def test_the_cluster_role_lets_an_all_namespaces_operator_run_a_run(
         ["update", "configmaps", "-n", namespace],
     ):
         assert not installed.can_i(kubectl_bin, *args), args
-    operator = start_operator_as(
-        installed.kubeconfig, ["--all-namespaces"], tmp_path / "operator-cluster.log"
+    operator = start_operator_process(
+        kubeconfig=installed.kubeconfig,
+        scope=["--all-namespaces"],
+        log_path=tmp_path / "operator-cluster.log",
     )
     try:
         _a_run_succeeds_and_is_deleted(api_client, kubectl, namespace, operator)

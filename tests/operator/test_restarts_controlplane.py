@@ -7,12 +7,10 @@ names proves nothing about duplicate executions).
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
 import re
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,54 +20,22 @@ from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import ServerProcess
 from asyncrl.testing.waiting import wait_for
-from tests.operator.cluster import agent_jobs, apply_run, events, run_object, run_status
-from tests.operator.conftest import OperatorStarter, run_manifest
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    agent_jobs,
+    apply_ok,
+    counting_agent_template,
+    delete_run,
+    events,
+    executions_per_rollout,
+    run_manifest,
+    run_object,
+    run_status,
+    wait_for_no_jobs_or_pods,
+    wait_for_phase,
+)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
-
-
-def _agent_template(executions: Path) -> str:
-    """An agent that records each execution, then behaves as its row says: ok, fail, or hang."""
-    return f"""\
-apiVersion: batch/v1
-kind: Job
-spec:
-  template:
-    spec:
-      containers:
-      - name: agent
-        image: asyncrl.test/python
-        command:
-        - python
-        - -c
-        - |
-          import os, sys, time
-          with open(os.environ["EXECUTIONS"], "a") as log:
-              log.write(os.environ["AGL_EVENT_URL"] + "\\n")
-          if os.environ["BEHAVIOUR"] == "fail":
-              sys.exit(3)
-          if os.environ["BEHAVIOUR"] == "hang":
-              time.sleep(600)
-          from asyncrl.agent import chat, report_reward
-          chat([{{"role": "user", "content": "hi"}}])
-          time.sleep(float(os.environ["SECONDS"]))
-          report_reward(1.0)
-        env:
-        - name: EXECUTIONS
-          value: "{executions}"
-        - name: BEHAVIOUR
-          value: "{{{{ behaviour }}}}"
-        - name: SECONDS
-          value: "{{{{ seconds }}}}"
-"""
-
-
-def _executions(path: Path) -> collections.Counter[str]:
-    """Executions per rollout id (the id is part of the event URL each agent was given)."""
-    if not path.exists():
-        return collections.Counter()
-    lines = path.read_text().splitlines()
-    return collections.Counter(re.search(r"/api/rollouts/([^/]+)/attempt/", line)[1] for line in lines)  # type: ignore[index]
 
 
 def _kill(operator: ServerProcess) -> None:
@@ -97,11 +63,11 @@ def test_an_operator_killed_three_times_with_ttl_0_executes_every_rollout_exactl
     tmp_path: Path,
 ) -> None:
     executions = tmp_path / "executions.log"
-    manifest = run_manifest("killed", template=_agent_template(executions), totalSteps=3)
+    manifest = run_manifest("killed", template=counting_agent_template(executions), totalSteps=3)
     manifest["spec"]["data"]["inline"] = [{"behaviour": "ok", "seconds": "4"}] * 2
     manifest["spec"]["agents"]["ttlSecondsAfterFinished"] = 0
     operator = start_operator()
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    apply_ok(kubectl, namespace, manifest)
 
     def step_jobs(step: int) -> list[Any]:
         return [
@@ -114,7 +80,7 @@ def test_an_operator_killed_three_times_with_ttl_0_executes_every_rollout_exactl
         return len(step_jobs(step)) == 4
 
     def finished_and_removed(step: int) -> bool:
-        executed = sum(n for r, n in _executions(executions).items() if r.startswith(f"s{step}-"))
+        executed = sum(n for r, n in executions_per_rollout(executions).items() if r.startswith(f"s{step}-"))
         return executed == 4 and not step_jobs(step)
 
     for step in range(3):
@@ -130,12 +96,10 @@ def test_an_operator_killed_three_times_with_ttl_0_executes_every_rollout_exactl
         )
         operator = start_operator()
 
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "killed")).get("phase") == "Succeeded" and s,
-        timeout=180,
-        what="the run to finish",
+    status = wait_for_phase(
+        api_client, namespace, "killed", "Succeeded", timeout=180, what="the run to finish"
     )
-    counted = _executions(executions)
+    counted = executions_per_rollout(executions)
     expected = {f"s{step}-g{g}-r{r}" for step in range(3) for g in range(2) for r in range(2)}
     assert set(counted) == expected
     assert set(counted.values()) == {1}, counted  # executed exactly once each
@@ -159,7 +123,7 @@ def test_failing_timed_out_and_deleted_agent_jobs_end_their_rollouts_and_the_gro
 
     executions = tmp_path / "executions.log"
     manifest = run_manifest(
-        "faults", template=_agent_template(executions), totalSteps=1, rolloutTimeoutSeconds=15
+        "faults", template=counting_agent_template(executions), totalSteps=1, rolloutTimeoutSeconds=15
     )
     manifest["spec"]["data"]["inline"] = [
         {"behaviour": "ok", "seconds": "0"},  # g0
@@ -169,16 +133,21 @@ def test_failing_timed_out_and_deleted_agent_jobs_end_their_rollouts_and_the_gro
     ]
     manifest["spec"]["agents"]["ttlSecondsAfterFinished"] = 0
     start_operator()
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    apply_ok(kubectl, namespace, manifest)
     doomed = {"s0-g3-r0", "s0-g3-r1"}
-    wait_for(lambda: doomed <= set(_executions(executions)), timeout=120, what="g3's agents to start")
+    wait_for(
+        lambda: doomed <= set(executions_per_rollout(executions)), timeout=120, what="g3's agents to start"
+    )
     batch = client.BatchV1Api(api_client)
     for job in agent_jobs(api_client, namespace):
         if job.metadata.annotations[names.ANNOTATION_ROLLOUT_ID] in doomed:
             batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
 
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "faults")).get("phase") == "Succeeded" and s,
+    status = wait_for_phase(
+        api_client,
+        namespace,
+        "faults",
+        "Succeeded",
         timeout=180,
         what="the stand-in trainer to see every group complete",
     )
@@ -195,7 +164,7 @@ def test_failing_timed_out_and_deleted_agent_jobs_end_their_rollouts_and_the_gro
         "s0-g3-r1": "failed",
     }
     assert "deleted before it finished" in outcomes["s0-g3-r0"][1]
-    assert set(_executions(executions).values()) == {1}
+    assert set(executions_per_rollout(executions).values()) == {1}
     # TTL 0 removed every finished Job; the counts of the status keep them.
     wait_for(lambda: not agent_jobs(api_client, namespace), timeout=60, what="TTL to remove the Jobs")
     status = wait_for(
@@ -215,28 +184,16 @@ def test_a_run_deleted_while_the_operator_is_down_disappears_and_its_jobs_are_co
     start_operator: OperatorStarter,
     tmp_path: Path,
 ) -> None:
-    from kubernetes import client
-
     operator = start_operator()
-    manifest = run_manifest("orphan", template=_agent_template(tmp_path / "x.log"), totalSteps=50)
+    manifest = run_manifest("orphan", template=counting_agent_template(tmp_path / "x.log"), totalSteps=50)
     manifest["spec"]["data"]["inline"] = [{"behaviour": "hang", "seconds": "0"}] * 2
-    assert apply_run(kubectl, namespace, manifest).returncode == 0
+    apply_ok(kubectl, namespace, manifest)
     wait_for(lambda: len(agent_jobs(api_client, namespace)) == 4, timeout=120, what="the agent Jobs")
     assert not run_object(api_client, namespace, "orphan")["metadata"].get("finalizers")
     _kill(operator)
-    deleted = subprocess.run(
-        [*kubectl, "delete", "atr", "orphan", "-n", namespace, "--wait=true", "--timeout=30s"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    deleted = delete_run(kubectl, namespace, "orphan", timeout="30s")
     assert deleted.returncode == 0, deleted.stderr
-    batch, core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
-    wait_for(
-        lambda: (
-            not batch.list_namespaced_job(namespace).items and not core.list_namespaced_pod(namespace).items
-        ),
-        timeout=90,
-        what="the garbage collector to remove every Job and pod of the run",
+    wait_for_no_jobs_or_pods(
+        api_client, namespace, timeout=90, what="the garbage collector to remove every Job and pod of the run"
     )
     assert "ReconcileError" not in {item.get("reason") for item in events(kubectl, namespace)}

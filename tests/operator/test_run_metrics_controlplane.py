@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.podrunner import PodRunner
-from asyncrl.testing.processes import start_server
 from asyncrl.testing.waiting import wait_for
-from tests.operator.conftest import run_manifest
+from tests.support.kube import apply_ok, delete_run, run_manifest, start_operator_process
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -42,36 +36,15 @@ def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_de
     installed_crd: Path,
     tmp_path: Path,
 ) -> None:
-    health, metrics_port = free_port(), free_port()
-    operator = start_server(
-        [
-            sys.executable,
-            "-m",
-            "asyncrl.cli",
-            "operator",
-            "--namespace",
-            namespace,
-            "--gateway-address",
-            "localhost",
-            f"--kubeconfig={control_plane.kubeconfig}",
-            f"--health-port={health}",
-            f"--metrics-port={metrics_port}",
-        ],
-        ready_url=f"http://127.0.0.1:{health}/healthz",
+    metrics_port = free_port()
+    operator = start_operator_process(
+        kubeconfig=control_plane.kubeconfig,
+        scope=["--namespace", namespace],
         log_path=tmp_path / "operator.log",
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        timeout_seconds=60,
+        extra_args=[f"--metrics-port={metrics_port}"],
     )
     try:
-        manifest: dict[str, Any] = run_manifest("gauged")
-        applied = subprocess.run(
-            [*kubectl, "apply", "-n", namespace, "-f", "-"],
-            input=json.dumps(manifest),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert applied.returncode == 0, applied.stderr
+        apply_ok(kubectl, namespace, run_manifest("gauged"))
 
         def scrape() -> str:
             url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -90,12 +63,7 @@ def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_de
         assert _series(text, "asyncrl_run_active_groups", **run) is not None
         assert _series(text, "asyncrl_run_carry_over_age_max_steps", **run) == 1.0
 
-        deleted = subprocess.run(
-            [*kubectl, "delete", "atr", "gauged", "-n", namespace, "--wait=true", "--timeout=60s"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        deleted = delete_run(kubectl, namespace, "gauged")
         assert deleted.returncode == 0, deleted.stderr
         wait_for(
             lambda: _series(scrape(), "asyncrl_run_step", **run) is None,

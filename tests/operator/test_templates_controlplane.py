@@ -12,11 +12,19 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
-from tests.operator.cluster import agent_jobs, apply_run, condition, events, run_status
-from tests.operator.conftest import AGENT_TEMPLATE, OperatorStarter, run_manifest
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    AGENT_TEMPLATE,
+    agent_jobs,
+    apply_ok,
+    events,
+    run_manifest,
+    status_condition,
+    wait_for_phase,
+    wait_for_trainer_stopped,
+)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -61,16 +69,14 @@ def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_jo
     start_operator()
     manifests = {name: run_manifest(name, template=template) for name, (template, _) in BROKEN.items()}
     for manifest in manifests.values():
-        assert apply_run(kubectl, namespace, manifest).returncode == 0
-
-    def failed(name: str) -> dict[str, Any] | None:
-        status = run_status(api_client, namespace, name)
-        return status if status.get("phase") == "Failed" else None
+        apply_ok(kubectl, namespace, manifest)
 
     for name, (_, reason) in BROKEN.items():
-        status = wait_for(functools.partial(failed, name), timeout=120, what=f"run {name} to fail")
+        status = wait_for_phase(
+            api_client, namespace, name, "Failed", timeout=120, what=f"run {name} to fail"
+        )
         assert reason in status["message"], name
-        valid = condition(status, "AgentTemplateValid") or {}
+        valid = status_condition(status, "AgentTemplateValid") or {}
         assert (valid.get("status"), valid.get("reason")) == ("False", "TemplateError"), name
         assert reason in valid["message"], name
         (event,) = wait_for(
@@ -82,17 +88,10 @@ def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_jo
 
     # A failed run stops: its trainer Job is suspended (the pod goes, the GPUs are freed) and no agent Job
     # is ever created.
-    from kubernetes import client
-
-    def trainer_stopped(name: str) -> bool:
-        job = client.BatchV1Api(api_client).read_namespaced_job(names.trainer_job_name(name), namespace)
-        pods = client.CoreV1Api(api_client).list_namespaced_pod(
-            namespace, label_selector=f"job-name={names.trainer_job_name(name)}"
-        )
-        return bool(job.spec.suspend) and not pods.items
-
     for name in BROKEN:
-        wait_for(functools.partial(trainer_stopped, name), timeout=120, what=f"run {name}'s trainer to stop")
+        wait_for_trainer_stopped(
+            api_client, namespace, name, timeout=120, what=f"run {name}'s trainer to stop"
+        )
         assert agent_jobs(api_client, namespace, name) == [], name
 
 
@@ -104,21 +103,19 @@ def test_a_template_that_renders_slowly_for_some_rows_does_not_stall_a_healthy_r
     start_operator: OperatorStarter,
 ) -> None:
     operator = start_operator()
-    assert (
-        apply_run(
-            kubectl, namespace, run_manifest("slow", template=SLOW_FOR_ONE_ROW, totalSteps=4)
-        ).returncode
-        == 0
-    )
+    apply_ok(kubectl, namespace, run_manifest("slow", template=SLOW_FOR_ONE_ROW, totalSteps=4))
     wait_for(
         lambda: _template_events(kubectl, namespace, "slow"),
         timeout=120,
         what="the first slow render to fail",
     )
-    assert apply_run(kubectl, namespace, run_manifest("healthy")).returncode == 0
+    apply_ok(kubectl, namespace, run_manifest("healthy"))
 
-    status = wait_for(
-        lambda: (s := run_status(api_client, namespace, "healthy")).get("phase") == "Succeeded" and s,
+    status = wait_for_phase(
+        api_client,
+        namespace,
+        "healthy",
+        "Succeeded",
         timeout=240,
         what="the healthy run to finish while the slow run's renders time out",
     )

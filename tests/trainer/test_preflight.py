@@ -16,7 +16,7 @@ import yaml
 from asyncrl.api import load_run
 from asyncrl.trainer.backends.verl.resources import RayResourcesError, cgroup_cpu_limit, plan_ray_cpus
 from asyncrl.trainer.preflight import GPU_STACK_PINS, Probes, failures, run_checks
-from tests.operator.conftest import run_manifest
+from tests.support.kube import run_manifest
 from tests.trainer.backends.verl_support import verl_manifest
 
 REPO = Path(__file__).resolve().parents[2]

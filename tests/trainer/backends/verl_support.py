@@ -6,7 +6,7 @@ from typing import Any
 
 from asyncrl.api import AsyncTrainingRun, load_run
 from asyncrl.trainer.backends.verl.config import compose_verl_config, verl_settings
-from tests.operator.conftest import run_manifest
+from tests.support.kube import run_manifest
 
 
 def verl_manifest(
