@@ -104,3 +104,23 @@ def test_a_checkpoint_claim_only_one_node_can_mount_fails_the_run_naming_read_wr
     assert "spec.trainer.checkpoint.claimName" in status["message"]
     assert "ReadWriteMany" in status["message"]
     assert "ReadWriteOnce" in status["message"]
+
+
+def test_a_multi_node_run_waits_for_its_missing_checkpoint_claim_saying_so_then_goes_on(
+    api_client: Any, namespace: str, kubectl: list[str], start_operator: OperatorStarter
+) -> None:
+    """The user may create the claim after the run: the run says what it waits for, and goes on once it
+    exists (here to the next check, KubeRay's absence on this control plane)."""
+    start_operator()
+    apply_ok(kubectl, namespace, _multi_node("multi", "later"))
+    status = wait_for_phase(api_client, namespace, "multi", "Pending", timeout=120, what="multi Pending")
+    assert status["message"] == (
+        f"spec.trainer.checkpoint.claimName: waiting for the PersistentVolumeClaim 'later' in namespace "
+        f"{namespace!r}; create it (ReadWriteMany) and the run starts"
+    )
+    assert events(kubectl, namespace, reason="WaitingForClaim")
+    assert not events(kubectl, namespace, reason="ReconcileError")
+
+    _claim(api_client, namespace, "later", "ReadWriteMany")
+    status = wait_for_phase(api_client, namespace, "multi", "Failed", timeout=120, what="multi Failed")
+    assert "no RayCluster CRD" in status["message"]

@@ -220,6 +220,36 @@ def test_the_namespaced_role_is_enough_for_a_run_to_succeed(
     assert ("Not enough permissions to list namespaces" in log) == bool(EXPECTED_DENIAL.search(log))
 
 
+def test_without_kuberay_rbac_a_multi_node_run_fails_once_naming_the_chart_value(
+    api_client: Any,
+    namespace: str,
+    kubectl: list[str],
+    install_rbac: Any,
+    installed_crd: Path,
+    tmp_path: Path,
+) -> None:
+    """The default install (role.yaml, `kuberay.enabled: false`) has no rights on RayClusters or claims: a
+    multi-node run is told to enable them, not that the API server refused its spec."""
+    installed: Installed = install_rbac("role.yaml")
+    operator = start_operator_process(
+        kubeconfig=installed.kubeconfig,
+        scope=["--namespace", namespace],
+        log_path=tmp_path / "operator-no-kuberay.log",
+    )
+    manifest = run_manifest("multi")
+    manifest["spec"]["trainer"].update(
+        backend="Verl", nodes=2, gpusPerNode=1, checkpoint={"claimName": "ckpt"}
+    )
+    try:
+        apply_ok(kubectl, namespace, manifest)
+        status = wait_for_phase(api_client, namespace, "multi", "Failed", timeout=180, what="multi Failed")
+    finally:
+        operator.stop()
+    assert status["message"].startswith("spec.trainer.nodes > 1 runs the trainer on a KubeRay RayCluster")
+    assert "kuberay.enabled=true" in status["message"]
+    assert "spec.trainer.nodes: 1" in status["message"]
+
+
 def test_the_namespaced_role_refuses_what_the_operator_does_not_need(
     namespace: str, kubectl: list[str], install_rbac: Any, installed_crd: Path
 ) -> None:

@@ -71,6 +71,7 @@ class _RunTask:
     task: asyncio.Task[None]
 
 
+CLAIM_RETRY_SECONDS = 15  # how soon a run waiting for its checkpoint claim looks again
 RESTART_BACKOFF = Backoff(first_seconds=10.0, max_seconds=60.0)
 
 
@@ -377,6 +378,11 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
         runtime.metrics.reconciles.labels("error").inc()
         await _fail_run(kube, run, reason="RayClusterRejected", message=str(error))
         return
+    except ray_child.ClaimMissing as error:  # the user may create it after the run: say so, and look again
+        runtime.metrics.reconciles.labels("error").inc()
+        await kube.post_event(run, reason="WaitingForClaim", message=str(error), warning=True)
+        await _set_waiting_status(kube, run, str(error))
+        raise kopf.TemporaryError(str(error), delay=CLAIM_RETRY_SECONDS) from error
     except Exception as error:
         runtime.metrics.reconciles.labels("error").inc()
         message = f"{one_line_reason(error)}; retrying"

@@ -41,7 +41,17 @@ KUBERAY_MISSING = (
     "kuberay.enabled in the operator's chart values (its RBAC), and create the run again; or set "
     "spec.trainer.nodes: 1"
 )
+KUBERAY_FORBIDDEN = (
+    "spec.trainer.nodes > 1 runs the trainer on a KubeRay RayCluster, and the operator's service account "
+    "may not {what}: install the operator's chart with kuberay.enabled=true (or apply "
+    "operator/rbac/kuberay.yaml) with KubeRay installed (docs/multi-node.md), and create the run again; or "
+    "set spec.trainer.nodes: 1"
+)
 RWX = "ReadWriteMany"
+
+
+class ClaimMissing(Exception):
+    """The checkpoint claim does not exist yet: the run waits for it (the user may create it later)."""
 
 
 class RayClusterRejected(Exception):
@@ -78,6 +88,8 @@ async def create_ray_cluster(
             return RayClusterCreation(created=False, refused=merged.refused_message(), warnings=[])
         if error.status == 404:
             raise RayClusterRejected(KUBERAY_MISSING) from error
+        if error.status == 403:
+            raise RayClusterRejected(KUBERAY_FORBIDDEN.format(what="create RayClusters")) from error
         if not kube_error_is_transient(error):
             raise RayClusterRejected(
                 f"the API server refused the RayCluster: {one_line_reason(error)}; fix spec.trainer "
@@ -94,9 +106,24 @@ async def _check_checkpoint_claim(kube: Kube, run: Mapping[str, Any], spec: Asyn
     claim = spec.trainer.checkpoint.claim_name
     if claim is None:  # refused at admission; kept for a run stored before the rule
         raise RayClusterRejected("spec.trainer.nodes > 1 needs spec.trainer.checkpoint.claimName")
-    pvc = await asyncio.to_thread(
-        kube.core.read_namespaced_persistent_volume_claim, claim, run["metadata"]["namespace"]
-    )
+    from kubernetes.client.exceptions import ApiException
+
+    namespace = run["metadata"]["namespace"]
+    try:
+        pvc = await asyncio.to_thread(kube.core.read_namespaced_persistent_volume_claim, claim, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            raise ClaimMissing(
+                f"spec.trainer.checkpoint.claimName: waiting for the PersistentVolumeClaim {claim!r} in "
+                f"namespace {namespace!r}; create it ({RWX}) and the run starts"
+            ) from error
+        if error.status == 403:
+            raise RayClusterRejected(
+                KUBERAY_FORBIDDEN.format(
+                    what="read PersistentVolumeClaims (the checkpoint claim's access modes)"
+                )
+            ) from error
+        raise
     modes = list((pvc.spec.access_modes if pvc.spec is not None else None) or [])
     if RWX not in modes:
         raise RayClusterRejected(
