@@ -1,4 +1,5 @@
-"""A two-node run on a real KubeRay operator, against its own local control plane.
+"""Two-node runs on a real KubeRay operator, against its own local control plane: a run that succeeds and is
+deleted, a run whose trainer reports a permanent failure, and examples/run-multi-node.yaml as a user applies it.
 
 Real parts: kube-apiserver and kube-controller-manager (owner GC), the KubeRay operator built from its Go
 module (scripts/provision-kuberay.sh) with the CRDs of the same module, the `asyncrl operator` process, the
@@ -6,8 +7,8 @@ gateway sidecar, and Ray itself: the head and worker pods KubeRay creates run it
 commands as real processes (asyncrl.testing.kuberay_pods adapts host names and ports to one host). Stand-ins:
 the pod runner for the kubelet, and tests/operator/ray_driver_probe.py for `asyncrl trainer` (it composes
 verl's config from the run and joins the Ray cluster as the verl backend does, then reports and exits).
-No GPUs here: each Ray node advertises the one GPU of its pod's limit (`ray start --num-gpus=1`, which
-KubeRay derives from `nvidia.com/gpu`), which Ray takes on trust.
+No GPUs here: each Ray node advertises the GPUs of its pod's limit (`ray start --num-gpus=N`, which KubeRay
+derives from `nvidia.com/gpu`), which Ray takes on trust.
 
 Its own control plane, so that the session's one keeps no KubeRay CRDs (tests/operator/
 test_multi_node_controlplane.py needs them absent). KubeRay's readiness probes call `wget` against the
@@ -22,11 +23,14 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from asyncrl.api.types.spec import GatewaySpec
 from asyncrl.operator import names
 from asyncrl.operator.ray_cluster import RAY_CLUSTER_PLURAL, RAY_GROUP
 from asyncrl.testing.controlplane import ControlPlane, free_port
@@ -35,6 +39,7 @@ from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.podspec import Image, ImageTable
 from asyncrl.testing.processes import start_server
 from asyncrl.testing.waiting import wait_for
+from tests.api.conftest import EXAMPLES
 from tests.support.kube import (
     GATEWAY_IMAGE,
     REPO,
@@ -52,6 +57,7 @@ from tests.support.kube import (
     running_control_plane,
     start_operator_process,
     wait_established,
+    wait_for_phase,
 )
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
@@ -143,21 +149,26 @@ def _ray_cluster(client_of: Any, namespace: str, run: str) -> dict[str, Any] | N
     return found
 
 
-def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_deletion_leaves_nothing(
-    plane: ControlPlane, client_of: Any, kubectl_of: list[str], kuberay: None, ns: str, tmp_path: Path
-) -> None:
-
-    report = tmp_path / "driver-report.json"
-    images = ImageTable(
-        {
-            GATEWAY_IMAGE: Image(),
-            TRAINER_IMAGE: Image(
-                entrypoint=(sys.executable, "-m", "tests.operator.ray_driver_probe"),
-                env={"ASYNCRL_PROBE_REPORT": str(report)},
-                replace_command=True,
-            ),
-        }
+@contextmanager
+def _ray_pods_and_operator(
+    plane: ControlPlane,
+    client_of: Any,
+    ns: str,
+    tmp_path: Path,
+    *,
+    probe_env: dict[str, str],
+    images: dict[str, str] | None = None,
+) -> Iterator[None]:
+    """The pod runner (KubeRay's pods as real Ray processes, the driver probe as the trainer) and our
+    operator for `ns`. `images` maps more image names to the test's (an example's own image names)."""
+    driver = Image(
+        entrypoint=(sys.executable, "-m", "tests.operator.ray_driver_probe"),
+        env=probe_env,
+        replace_command=True,
     )
+    table = ImageTable({GATEWAY_IMAGE: Image(), TRAINER_IMAGE: driver})
+    for name, stands_for in (images or {}).items():
+        table[name] = Image() if stands_for == GATEWAY_IMAGE else driver
     # Ray's own temp dir, not the host's /tmp/ray: a killed head leaves /tmp/ray/ray_current_cluster behind,
     # and any later `ray.init()` on this machine would then try to join that dead cluster. Short, because
     # Ray's unix sockets live under it (108 characters at most).
@@ -165,35 +176,39 @@ def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_dele
     base_env = {**pod_base_env(), "HOME": str(tmp_path), "RAY_TMPDIR": str(ray_tmp)}
     runner = PodRunner(
         api_client=client_of,
-        images=images,
+        images=table,
         work_dir=tmp_path / "pods",
         base_env=base_env,
         rewrite=KubeRayLocalPods(free_port),
     )
-    with runner:
-        operator = start_operator_process(
-            kubeconfig=plane.kubeconfig, scope=["--namespace", ns], log_path=tmp_path / "operator.log"
-        )
-        try:
-            _two_node_run(client_of, kubectl_of, ns, report)
-            assert list((ray_tmp / "ray").glob("session_*")), "Ray did not use its own temp dir"
-        finally:
-            operator.stop()
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    try:
+        with runner:
+            operator = start_operator_process(
+                kubeconfig=plane.kubeconfig, scope=["--namespace", ns], log_path=tmp_path / "operator.log"
+            )
+            try:
+                yield
+                assert list((ray_tmp / "ray").glob("session_*")), "Ray did not use its own temp dir"
+            finally:
+                operator.stop()
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) -> None:
+def _claim(client_of: Any, ns: str, name: str) -> None:
     from kubernetes import client
 
-    core = client.CoreV1Api(client_of)
-    core.create_namespaced_persistent_volume_claim(
+    client.CoreV1Api(client_of).create_namespaced_persistent_volume_claim(
         ns,
         {
-            "metadata": {"name": "shared"},
+            "metadata": {"name": name},
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
         },
     )
-    manifest = run_manifest("multi")
+
+
+def _multi_node_manifest(name: str) -> dict[str, Any]:
+    manifest = run_manifest(name)
     manifest["spec"]["trainer"].update(
         backend="Verl",
         nodes=2,
@@ -201,7 +216,105 @@ def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) 
         resources={"limits": {"cpu": "1", "memory": "2Gi"}},
         checkpoint={"claimName": "shared"},
     )
-    apply_ok(kubectl_of, ns, manifest)
+    return manifest
+
+
+def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_deletion_leaves_nothing(
+    plane: ControlPlane, client_of: Any, kubectl_of: list[str], kuberay: None, ns: str, tmp_path: Path
+) -> None:
+    report = tmp_path / "driver-report.json"
+    with _ray_pods_and_operator(
+        plane, client_of, ns, tmp_path, probe_env={"ASYNCRL_PROBE_REPORT": str(report)}
+    ):
+        _two_node_run(client_of, kubectl_of, ns, report)
+
+
+def test_a_trainer_that_reports_a_permanent_failure_fails_the_run_and_its_cluster_is_suspended_at_once(
+    plane: ControlPlane, client_of: Any, kubectl_of: list[str], kuberay: None, ns: str, tmp_path: Path
+) -> None:
+    """The driver reports a configuration error and does not exit: the run is Failed with its message and the
+    RayCluster suspended (every node's GPUs released) without waiting for the driver's restarts."""
+    failure = "verlOverrides: actor_rollout_ref.rollout.tensor_model_parallel_size does not divide 16 GPUs"
+    with _ray_pods_and_operator(plane, client_of, ns, tmp_path, probe_env={"ASYNCRL_PROBE_FAIL": failure}):
+        _claim(client_of, ns, "shared")
+        apply_ok(kubectl_of, ns, _multi_node_manifest("failing"))
+        status = wait_for_phase(client_of, ns, "failing", "Failed", timeout=420, what="the run Failed")
+        assert status["message"] == f"the trainer stopped (configuration error): {failure}"
+        wait_for(
+            lambda: (_ray_cluster(client_of, ns, "failing") or {}).get("spec", {}).get("suspend") is True,
+            timeout=120,  # the operator looks every 5 s
+            what="the failed run's RayCluster suspended",
+        )
+        wait_for(
+            lambda: not _pods(client_of, ns, "ray.io/cluster"), timeout=180, what="the cluster's pods gone"
+        )
+        assert not _restarted_drivers(client_of, ns)
+
+
+def _restarted_drivers(client_of: Any, ns: str) -> list[str]:
+    return [
+        pod.metadata.name
+        for pod in _pods(client_of, ns, "ray.io/node-type=head")
+        for container in pod.status.container_statuses or []
+        if container.name == "trainer" and container.restart_count
+    ]
+
+
+def test_the_multi_node_example_runs_on_kuberay_as_its_comment_says(
+    plane: ControlPlane, client_of: Any, kubectl_of: list[str], kuberay: None, ns: str, tmp_path: Path
+) -> None:
+    """`kubectl apply -f examples/run-multi-node.yaml` after creating what its comment lists: the cluster
+    has its 8 GPUs per node in Ray, verl's config has 2 nodes of 8, and the model volume and NCCL setting of
+    its pod template reach the Ray containers on both nodes, where verl's workers run."""
+    from kubernetes import client
+
+    example = yaml.safe_load((EXAMPLES / "run-multi-node.yaml").read_text())
+    name, spec = example["metadata"]["name"], example["spec"]
+    report = tmp_path / "driver-report.json"
+    images = {spec["trainer"]["image"]: TRAINER_IMAGE, GatewaySpec().image: GATEWAY_IMAGE}
+    with _ray_pods_and_operator(
+        plane, client_of, ns, tmp_path, probe_env={"ASYNCRL_PROBE_REPORT": str(report)}, images=images
+    ):
+        _claim(client_of, ns, spec["trainer"]["checkpoint"]["claimName"])
+        _claim(client_of, ns, "models")
+        data = spec["data"]["configMapRef"]
+        client.CoreV1Api(client_of).create_namespaced_config_map(
+            ns, {"metadata": {"name": data["name"]}, "data": {data["key"]: '{"prompt": "2+2?"}\n'}}
+        )
+        applied = kubectl_run(kubectl_of, "apply", "-n", ns, "-f", str(EXAMPLES / "run-multi-node.yaml"))
+        assert applied.returncode == 0, applied.stderr
+
+        seen = wait_for(
+            lambda: json.loads(report.read_text()) if report.exists() else None,
+            timeout=420,
+            what="the driver's report of the Ray cluster",
+            interval=1.0,
+        )
+        assert seen["verl"] == {"nnodes": 2, "n_gpus_per_node": 8}
+        assert sorted(node["resources"]["GPU"] for node in seen["nodes"]) == [8.0, 8.0]
+        assert seen["cluster_resources"]["GPU"] == 16.0
+        pods = _pods(client_of, ns, "ray.io/cluster")
+        ray_containers = [
+            c for pod in pods for c in pod.spec.containers if c.name in ("ray-head", "ray-worker")
+        ]
+        assert sorted(c.name for c in ray_containers) == ["ray-head", "ray-worker"]
+        for container in ray_containers:
+            assert "/models" in {mount.mount_path for mount in container.volume_mounts}, container.name
+            assert {"NCCL_SOCKET_IFNAME": "eth0"}.items() <= {e.name: e.value for e in container.env}.items()
+        wait_for_phase(client_of, ns, name, "Succeeded", timeout=180, what="the example run Succeeded")
+        deleted = delete_run(kubectl_of, ns, name)
+        assert deleted.returncode == 0, deleted.stderr
+        wait_for(
+            lambda: _ray_cluster(client_of, ns, name) is None, timeout=180, what="the RayCluster deleted"
+        )
+
+
+def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(client_of)
+    _claim(client_of, ns, "shared")
+    apply_ok(kubectl_of, ns, _multi_node_manifest("multi"))
     run_uid = wait_for(
         lambda: run_object(client_of, ns, "multi")["metadata"].get("uid"), timeout=30, what="the run stored"
     )
