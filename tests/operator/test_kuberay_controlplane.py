@@ -1,5 +1,5 @@
-"""Two-node runs on a real KubeRay operator, against its own local control plane: a run that succeeds and is
-deleted, a run whose trainer reports a permanent failure, and examples/run-multi-node.yaml as a user applies it.
+"""Two-node runs on a real KubeRay operator, against its own local control plane: a run that succeeds and
+is deleted, a run whose trainer reports a permanent failure, and examples/run-multi-node.yaml as applied.
 
 Real parts: kube-apiserver and kube-controller-manager (owner GC), the KubeRay operator built from its Go
 module (scripts/provision-kuberay.sh) with the CRDs of the same module, the `asyncrl operator` process, the
