@@ -119,10 +119,20 @@ def test_native_sidecar_starts_first_and_is_stopped_when_the_main_container_ends
             f"touch {ready}; trap 'echo sidecar-stopped; exit 0' TERM; while true; do sleep 0.1; done",
         ],
     }
+    # A native sidecar counts as started once its process runs (as with a kubelet and no startupProbe), not
+    # once its command has done anything: so the main container checks at its start that the sidecar's
+    # process was started (the runner opens its log to start it), then waits, bounded, for it to be up.
+    sidecar_log = pod_runner.log_path(namespace, "sidecar", "gateway")
     main = {
         "name": "trainer",
         "image": "asyncrl.test/shell",
-        "command": ["sh", "-c", f"test -e {ready} && echo saw-sidecar"],
+        "command": [
+            "sh",
+            "-c",
+            f"test -e {sidecar_log} || {{ echo main-started-first; exit 1; }}; "
+            f"for i in $(seq 300); do test -e {ready} && {{ echo saw-sidecar; exit 0; }}; sleep 0.1; done; "
+            "exit 1",
+        ],
     }
     core.create_namespaced_pod(namespace, _pod("sidecar", [main], initContainers=[sidecar]))
 
