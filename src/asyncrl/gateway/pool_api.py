@@ -14,7 +14,6 @@ gateway key: a pool pod must not fail other pods' rollouts); agents get their ro
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import time
@@ -25,6 +24,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Request
 
 from asyncrl.gateway.auth import agent_token, bearer, pool_token
 from asyncrl.gateway.pool_models import PoolAssignment, PoolClaim, PoolOutcome, PoolRelease, PoolReleased
+from asyncrl.gateway.routes.common import unless_disconnected
 from asyncrl.gateway.store import Rollout, RolloutConflict, RolloutNotFound, RolloutStore
 from asyncrl.rollouts import RolloutState
 
@@ -81,19 +81,14 @@ def pool_router(*, key: str, store: RolloutStore) -> APIRouter:
                 return _assignment(rollout, key, interrupted)
             fail(rollout, INTERRUPTED.format(worker=request.worker))
             interrupted.append(rollout.rollout_id)
-        claiming = asyncio.ensure_future(
-            store.claim(limit=1, wait_seconds=request.wait_seconds, lease_seconds=CLAIM_LEASE_SECONDS)
+        # A worker that gave up waiting must not be handed a rollout it will never read.
+        claimed = await unless_disconnected(
+            http_request,
+            store.claim(limit=1, wait_seconds=request.wait_seconds, lease_seconds=CLAIM_LEASE_SECONDS),
         )
-        # A worker that gave up waiting must not be handed a rollout it will never read: race its disconnect.
-        disconnect = asyncio.ensure_future(http_request.receive())
-        try:
-            await asyncio.wait({claiming, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            disconnect.cancel()
-        if not claiming.done():
-            claiming.cancel()
+        if claimed is None:
             return PoolAssignment(interrupted=interrupted)
-        for rollout in claiming.result():
+        for rollout in claimed:
             try:
                 store.launch(rollout.rollout_id, launch_id=launch_id_of(request.worker))
             except RolloutConflict:  # launched by someone else between the claim and now

@@ -38,7 +38,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -61,6 +61,7 @@ from asyncrl.operator.renderer import TemplateRenderer, check_template
 from asyncrl.operator.retry import (
     KUBE_BACKOFF,
     GaveUp,
+    kube_call,
     kube_error_is_transient,
     one_line_reason,
     retry_transient,
@@ -205,11 +206,6 @@ class RunController:
         self.jobs.reported.clear()
         self._takeover = True
 
-    async def _kube_call(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
-        return await retry_transient(
-            call, is_transient=kube_error_is_transient, what=what, backoff=KUBE_BACKOFF, deadline_seconds=60
-        )
-
     # -- claim → Jobs -------------------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
@@ -263,7 +259,7 @@ class RunController:
         launched = [r for r in rollouts if r.launched_at is not None and not r.state.is_terminal]
         if not launched:
             return
-        jobs = await self._kube_call(
+        jobs = await kube_call(
             lambda: self.kube.list_agent_jobs(self.context.namespace, self.context.name),
             what=f"run {self.context.name}: listing agent Jobs",
         )
@@ -391,7 +387,7 @@ class RunController:
         if created:
             return True
         # A Job of that name exists: ours if an earlier attempt of this very call got through unanswered.
-        existing = await self._kube_call(
+        existing = await kube_call(
             lambda: self.kube.read_job(namespace, name), what=f"run {self.context.name}: reading Job {name}"
         )
         launch_id = job["metadata"]["annotations"][ANNOTATION_LAUNCH_ID]

@@ -24,10 +24,9 @@ from asyncrl.gateway.models import GatewayStats, LaunchTotals
 from asyncrl.operator.kube import Kube
 from asyncrl.operator.ledger import ANNOTATION_LEDGER, JobCountsSeen, JobLedger
 from asyncrl.operator.retry import (
-    KUBE_BACKOFF,
     Backoff,
     gateway_error_is_transient,
-    kube_error_is_transient,
+    kube_call,
     one_line_reason,
     retry_transient,
 )
@@ -144,12 +143,9 @@ class GatewayLink:
     async def _persist_ledger(self) -> None:
         patch = {ANNOTATION_LEDGER: self._ledger.to_annotation()}
         try:
-            await retry_transient(
+            await kube_call(
                 lambda: self.kube.patch_run_annotations(self.context.namespace, self.context.name, patch),
-                is_transient=kube_error_is_transient,
                 what=f"run {self.context.name}: saving the Job ledger",
-                backoff=KUBE_BACKOFF,
-                deadline_seconds=60,
             )
         except Exception as error:  # the stored status still keeps the counts from going down
             logger.warning(

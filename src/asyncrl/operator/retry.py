@@ -154,3 +154,10 @@ def _api_exception_reason(error: object) -> str:
     if status == 0:
         return f"no answer from the API server: {message.splitlines()[0] if message else 'connection failed'}"
     return f"HTTP {status}: {message or 'no message'}"
+
+
+async def kube_call(call: Callable[[], Awaitable[T]], *, what: str) -> T:
+    """An API server call, its transient failures retried for up to a minute (then `GaveUp`)."""
+    return await retry_transient(
+        call, is_transient=kube_error_is_transient, what=what, backoff=KUBE_BACKOFF, deadline_seconds=60
+    )

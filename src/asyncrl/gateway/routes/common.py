@@ -8,10 +8,12 @@ body before it runs dependencies; the auth dependencies here repeat the door's r
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Header
+from fastapi import Header, Request
 from fastapi.params import Depends as DependsParam
 
 from asyncrl.gateway.auth import Access, check_access
@@ -21,6 +23,24 @@ from asyncrl.gateway.pause import PauseState
 from asyncrl.gateway.proxy import ProxyHandler
 from asyncrl.gateway.store import Rollout, RolloutNotFound, RolloutStore
 from asyncrl.pausing import PauseMode
+
+T = TypeVar("T")
+
+
+async def unless_disconnected(http_request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """`await work`, or cancel it and return None when the client disconnects first (a long-poll whose caller
+    gave up must not hand it anything). The next ASGI message of a request whose body was read is its
+    disconnect, so the work is raced against it."""
+    task = asyncio.ensure_future(work)
+    disconnect = asyncio.ensure_future(http_request.receive())
+    try:
+        await asyncio.wait({task, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnect.cancel()
+    if not task.done():
+        task.cancel()
+        return None
+    return task.result()
 
 
 class ApiError(Exception):

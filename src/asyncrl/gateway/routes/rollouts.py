@@ -6,7 +6,6 @@ The rollouts' events are `events.py`'s.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
@@ -20,7 +19,13 @@ from asyncrl.gateway.models import (
     RolloutView,
     Transition,
 )
-from asyncrl.gateway.routes.common import ApiError, GatewayParts, management, rollout_access
+from asyncrl.gateway.routes.common import (
+    ApiError,
+    GatewayParts,
+    management,
+    rollout_access,
+    unless_disconnected,
+)
 from asyncrl.gateway.store import (
     RolloutConflict,
 )
@@ -51,25 +56,18 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
         http_request: Request, request: Annotated[ClaimRequest | None, Body()] = None
     ) -> dict[str, list[RolloutView]]:
         request = request or ClaimRequest()
-        claiming = asyncio.ensure_future(
+        # A claimer that gives up never leaves rollouts leased to nobody.
+        claimed = await unless_disconnected(
+            http_request,
             store.claim(
                 limit=request.limit,
                 wait_seconds=request.wait_seconds,
                 lease_seconds=request.lease_seconds,
                 takeover=request.takeover,
-            )
+            ),
         )
-        # The next ASGI message of a request whose body is read is its disconnect: race the long-poll against
-        # it, so a claimer that gives up never leaves rollouts leased to nobody.
-        disconnect = asyncio.ensure_future(http_request.receive())
-        try:
-            await asyncio.wait({claiming, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            disconnect.cancel()
-        if not claiming.done():
-            claiming.cancel()
+        if claimed is None:
             return {"rollouts": []}
-        claimed = claiming.result()
         return {"rollouts": [rollout.view() for rollout in claimed]}
 
     @router.post("/api/rollouts/delete", dependencies=[Management])
