@@ -26,6 +26,7 @@ from tests.support.kube import (
     TRAINER_IMAGE,
     apply_ok,
     apply_run,
+    create_claim,
     events,
     kubectl_run,
     run_manifest,
@@ -63,14 +64,7 @@ def test_every_example_gets_its_trainer_job_with_its_gpus(
     manifest = yaml.safe_load((EXAMPLES / example).read_text())
     name = manifest["metadata"]["name"]
     if example in MULTI_NODE_EXAMPLES:  # its checkpoint claim first, as its comment says
-        claim = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": manifest["spec"]["trainer"]["checkpoint"]["claimName"]},
-            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-        }
-        created = kubectl_run(kubectl, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(claim))
-        assert created.returncode == 0, created.stderr
+        create_claim(api_client, namespace, manifest["spec"]["trainer"]["checkpoint"]["claimName"])
     applied = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / example))
     assert applied.returncode == 0, applied.stderr
     if example in MULTI_NODE_EXAMPLES:

@@ -46,12 +46,13 @@ from tests.support.kube import (
     TRAINER_IMAGE,
     api_client_for,
     apply_ok,
+    create_claim,
     delete_run,
     fresh_namespace,
     kubectl_for,
     kubectl_run,
+    multi_node_manifest,
     pod_base_env,
-    run_manifest,
     run_object,
     run_status,
     running_control_plane,
@@ -195,28 +196,8 @@ def _ray_pods_and_operator(
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def _claim(client_of: Any, ns: str, name: str) -> None:
-    from kubernetes import client
-
-    client.CoreV1Api(client_of).create_namespaced_persistent_volume_claim(
-        ns,
-        {
-            "metadata": {"name": name},
-            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-        },
-    )
-
-
 def _multi_node_manifest(name: str) -> dict[str, Any]:
-    manifest = run_manifest(name)
-    manifest["spec"]["trainer"].update(
-        backend="Verl",
-        nodes=2,
-        gpusPerNode=1,
-        resources={"limits": {"cpu": "1", "memory": "2Gi"}},
-        checkpoint={"claimName": "shared"},
-    )
-    return manifest
+    return multi_node_manifest(name, resources={"limits": {"cpu": "1", "memory": "2Gi"}})
 
 
 def test_a_two_node_run_gets_a_ray_cluster_whose_driver_sees_both_nodes_and_deletion_leaves_nothing(
@@ -236,7 +217,7 @@ def test_a_trainer_that_reports_a_permanent_failure_fails_the_run_and_its_cluste
     RayCluster suspended (every node's GPUs released) without waiting for the driver's restarts."""
     failure = "verlOverrides: actor_rollout_ref.rollout.tensor_model_parallel_size does not divide 16 GPUs"
     with _ray_pods_and_operator(plane, client_of, ns, tmp_path, probe_env={"ASYNCRL_PROBE_FAIL": failure}):
-        _claim(client_of, ns, "shared")
+        create_claim(client_of, ns, "shared")
         apply_ok(kubectl_of, ns, _multi_node_manifest("failing"))
         status = wait_for_phase(client_of, ns, "failing", "Failed", timeout=420, what="the run Failed")
         assert status["message"] == f"the trainer stopped (configuration error): {failure}"
@@ -275,8 +256,8 @@ def test_the_multi_node_example_runs_on_kuberay_as_its_comment_says(
     with _ray_pods_and_operator(
         plane, client_of, ns, tmp_path, probe_env={"ASYNCRL_PROBE_REPORT": str(report)}, images=images
     ):
-        _claim(client_of, ns, spec["trainer"]["checkpoint"]["claimName"])
-        _claim(client_of, ns, "models")
+        create_claim(client_of, ns, spec["trainer"]["checkpoint"]["claimName"])
+        create_claim(client_of, ns, "models")
         data = spec["data"]["configMapRef"]
         client.CoreV1Api(client_of).create_namespaced_config_map(
             ns, {"metadata": {"name": data["name"]}, "data": {data["key"]: '{"prompt": "2+2?"}\n'}}
@@ -313,7 +294,7 @@ def _two_node_run(client_of: Any, kubectl_of: list[str], ns: str, report: Path) 
     from kubernetes import client
 
     core = client.CoreV1Api(client_of)
-    _claim(client_of, ns, "shared")
+    create_claim(client_of, ns, "shared")
     apply_ok(kubectl_of, ns, _multi_node_manifest("multi"))
     run_uid = wait_for(
         lambda: run_object(client_of, ns, "multi")["metadata"].get("uid"), timeout=30, what="the run stored"

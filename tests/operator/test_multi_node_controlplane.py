@@ -16,7 +16,9 @@ from asyncrl.testing.podrunner import PodRunner
 from tests.operator.conftest import OperatorStarter
 from tests.support.kube import (
     apply_ok,
+    create_claim,
     events,
+    multi_node_manifest,
     run_manifest,
     run_status,
     trainer_job,
@@ -25,26 +27,6 @@ from tests.support.kube import (
 )
 
 pytestmark = [pytest.mark.controlplane]
-
-
-def _claim(api_client: Any, namespace: str, name: str, mode: str) -> None:
-    from kubernetes import client
-
-    client.CoreV1Api(api_client).create_namespaced_persistent_volume_claim(
-        namespace,
-        {
-            "metadata": {"name": name},
-            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}},
-        },
-    )
-
-
-def _multi_node(name: str, claim: str) -> dict[str, Any]:
-    manifest = run_manifest(name)
-    manifest["spec"]["trainer"].update(
-        backend="Verl", nodes=2, gpusPerNode=1, checkpoint={"claimName": claim}
-    )
-    return manifest
 
 
 def test_without_kuberay_a_multi_node_run_fails_once_with_what_to_install_and_a_one_node_run_works(
@@ -57,8 +39,8 @@ def test_without_kuberay_a_multi_node_run_fails_once_with_what_to_install_and_a_
     from kubernetes import client
 
     start_operator()
-    _claim(api_client, namespace, "shared", "ReadWriteMany")
-    apply_ok(kubectl, namespace, _multi_node("multi", "shared"))
+    create_claim(api_client, namespace, "shared", "ReadWriteMany")
+    apply_ok(kubectl, namespace, multi_node_manifest("multi", claim="shared"))
     apply_ok(kubectl, namespace, run_manifest("single"))
 
     status = wait_for_phase(api_client, namespace, "multi", "Failed", timeout=120, what="multi Failed")
@@ -98,8 +80,8 @@ def test_a_checkpoint_claim_only_one_node_can_mount_fails_the_run_naming_read_wr
     api_client: Any, namespace: str, kubectl: list[str], start_operator: OperatorStarter
 ) -> None:
     start_operator()
-    _claim(api_client, namespace, "single-node", "ReadWriteOnce")
-    apply_ok(kubectl, namespace, _multi_node("multi", "single-node"))
+    create_claim(api_client, namespace, "single-node", "ReadWriteOnce")
+    apply_ok(kubectl, namespace, multi_node_manifest("multi", claim="single-node"))
     status = wait_for_phase(api_client, namespace, "multi", "Failed", timeout=120, what="multi Failed")
     assert "spec.trainer.checkpoint.claimName" in status["message"]
     assert "ReadWriteMany" in status["message"]
@@ -112,7 +94,7 @@ def test_a_multi_node_run_waits_for_its_missing_checkpoint_claim_saying_so_then_
     """The user may create the claim after the run: the run says what it waits for, and goes on once it
     exists (here to the next check, KubeRay's absence on this control plane)."""
     start_operator()
-    apply_ok(kubectl, namespace, _multi_node("multi", "later"))
+    apply_ok(kubectl, namespace, multi_node_manifest("multi", claim="later"))
     status = wait_for_phase(api_client, namespace, "multi", "Pending", timeout=120, what="multi Pending")
     assert status["message"] == (
         f"spec.trainer.checkpoint.claimName: waiting for the PersistentVolumeClaim 'later' in namespace "
@@ -121,6 +103,6 @@ def test_a_multi_node_run_waits_for_its_missing_checkpoint_claim_saying_so_then_
     assert events(kubectl, namespace, reason="WaitingForClaim")
     assert not events(kubectl, namespace, reason="ReconcileError")
 
-    _claim(api_client, namespace, "later", "ReadWriteMany")
+    create_claim(api_client, namespace, "later", "ReadWriteMany")
     status = wait_for_phase(api_client, namespace, "multi", "Failed", timeout=120, what="multi Failed")
     assert "no RayCluster CRD" in status["message"]

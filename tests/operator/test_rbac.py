@@ -29,7 +29,14 @@ from asyncrl.testing.controlplane import ControlPlane
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import ServerProcess
 from asyncrl.testing.waiting import wait_for
-from tests.support.kube import apply_ok, find_run, run_manifest, start_operator_process, wait_for_phase
+from tests.support.kube import (
+    apply_ok,
+    find_run,
+    multi_node_manifest,
+    run_manifest,
+    start_operator_process,
+    wait_for_phase,
+)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -236,12 +243,8 @@ def test_without_kuberay_rbac_a_multi_node_run_fails_once_naming_the_chart_value
         scope=["--namespace", namespace],
         log_path=tmp_path / "operator-no-kuberay.log",
     )
-    manifest = run_manifest("multi")
-    manifest["spec"]["trainer"].update(
-        backend="Verl", nodes=2, gpusPerNode=1, checkpoint={"claimName": "ckpt"}
-    )
     try:
-        apply_ok(kubectl, namespace, manifest)
+        apply_ok(kubectl, namespace, multi_node_manifest("multi", claim="ckpt"))
         status = wait_for_phase(api_client, namespace, "multi", "Failed", timeout=180, what="multi Failed")
     finally:
         operator.stop()

@@ -102,6 +102,28 @@ def run_manifest(name: str, *, template: str = AGENT_TEMPLATE, **spec: Any) -> d
 # Counted executions: the fault tests count what ran rather than trust what the gateway or the Job names say.
 
 
+def multi_node_manifest(name: str, *, claim: str = "shared", **trainer: Any) -> dict[str, Any]:
+    """A two-node Verl run (one GPU per node) checkpointing to `claim`; `trainer` adds or replaces fields."""
+    manifest = run_manifest(name)
+    manifest["spec"]["trainer"].update(
+        backend="Verl", nodes=2, gpusPerNode=1, checkpoint={"claimName": claim}, **trainer
+    )
+    return manifest
+
+
+def create_claim(api_client: Any, namespace: str, name: str, mode: str = "ReadWriteMany") -> None:
+    """A 1 GiB PersistentVolumeClaim with one access mode (a multi-node run's checkpoints need RWX)."""
+    from kubernetes import client
+
+    client.CoreV1Api(api_client).create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+
+
 def counting_agent_template(executions: Path) -> str:
     """An agent that appends its execution (rollout URL, own pid, parent pid) to `executions`, then behaves
     as its row says: `behaviour` ok (a model call, `seconds` of work, a reward), fail (exit 3) or hang."""
