@@ -64,22 +64,11 @@ TIMES = ("timing/step_seconds", "training/update/seconds", "training/reward_mean
 
 def make_model(directory: Path) -> None:
     """A small Llama with random weights and the byte tokenizer, saved as vLLM and verl load a HF model."""
+    from asyncrl.testing.tiny_model import save_tiny_model
     from asyncrl.trainer.backends.reference.config import ModelConfig
-    from asyncrl.trainer.backends.reference.model import build_policy_model
-    from asyncrl.trainer.backends.reference.tokenizer import IM_END, build_tokenizer
 
-    tokenizer = build_tokenizer()
-    model = build_policy_model(
-        ModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=512, max_model_len=4096),
-        vocab_size=len(tokenizer),
-    )
-    stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]
-    model.config.eos_token_id = stops
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = stops
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
+    config = ModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=512, max_model_len=4096)
+    save_tiny_model(directory, config=config)
 
 
 def manifest(model_dir: Path, steps: int) -> dict[str, Any]:

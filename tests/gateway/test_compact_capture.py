@@ -70,7 +70,7 @@ def stored(mode: CaptureMode, answers: list[dict[str, Any]]) -> dict[str, Any]:
     rollout.state, rollout.attempt_id = RolloutState.RUNNING, "a1"
     store.record_event("r1", "a1", "reward", {"value": 1.0}, size=14)
     for index, answer in enumerate(answers):
-        call = capture_call(
+        (call,) = capture_call(
             mode=mode,
             attempt_id="a1",
             endpoint="chat/completions",
@@ -277,3 +277,73 @@ def test_a_full_store_gets_507_with_retry_after_until_the_trainer_consumes_rollo
         )
     finally:
         gateway.process.stop()
+
+
+# -- every choice is a sample ------------------------------------------------------------------------------
+
+
+def _capture(endpoint: str, answer: dict[str, Any], mode: CaptureMode = CaptureMode.COMPACT) -> Any:
+    return capture_call(
+        mode=mode,
+        attempt_id="a1",
+        endpoint=endpoint,
+        status=200,
+        latency_seconds=0.1,
+        model_version=2,
+        started_at=1.0,
+        request_body=b"{}",
+        response_body=json.dumps(answer).encode(),
+    )
+
+
+def test_each_choice_of_an_n_greater_than_one_answer_is_its_own_row() -> None:
+    """n = 3 is three samples of the policy; before, only choice 0 was captured and two were lost."""
+    answer = {
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {"index": i, "token_ids": [10 + i, 20 + i], "logprobs": {"content": [{"logprob": -0.5}] * 2}}
+            for i in range(3)
+        ],
+    }
+    calls = _capture("chat/completions", answer, CaptureMode.FULL)
+    assert [call.choice_index for call in calls] == [0, 1, 2]
+    assert [tuple(call.response_token_ids) for call in calls] == [(10, 20), (11, 21), (12, 22)]
+    assert all(tuple(call.prompt_token_ids) == (1, 2) for call in calls)
+    assert calls[0].response_body is not None  # the JSON kept once
+    assert calls[1].response_body is None
+
+    store = RolloutStore()
+    store.create([RolloutCreate(rollout_id="r1", group_id="g1", step=0, input={})])
+    rollout = store.get("r1")
+    rollout.state, rollout.attempt_id = RolloutState.RUNNING, "a1"
+    for call in calls:
+        assert store.record_call("r1", call) is None
+    rollout.state = RolloutState.SUCCEEDED
+    document = EventsDocument.model_validate_json(events_document(rollout))
+    assert [call.choice_index for call in document.model_calls] == [0, 1, 2]
+    result = adapt_rollout(document, group_id="g1", config=UNLIMITED)
+    assert [row.response_token_ids for row in result.rows] == [(10, 20), (11, 21), (12, 22)]
+
+
+def test_a_completions_answer_keeps_each_choices_own_prompt_ids() -> None:
+    """Two prompts, n = 2: vLLM puts each choice's prompt ids inside the choice (index // n: its prompt)."""
+    answer = {
+        "choices": [
+            {
+                "index": i,
+                "prompt_token_ids": [1, 2] if i < 2 else [3, 4, 5],
+                "token_ids": [30 + i],
+                "logprobs": {"token_logprobs": [-1.0]},
+            }
+            for i in range(4)
+        ]
+    }
+    calls = _capture("completions", answer)
+    assert [tuple(call.prompt_token_ids) for call in calls] == [(1, 2), (1, 2), (3, 4, 5), (3, 4, 5)]
+    assert [tuple(call.response_logprobs) for call in calls] == [(-1.0,)] * 4
+
+
+def test_an_answer_without_choices_is_one_call_without_tokens() -> None:
+    (call,) = _capture("chat/completions", {"error": "bad"})
+    assert call.prompt_token_ids is None
+    assert call.response_token_ids is None

@@ -146,7 +146,7 @@ def test_the_events_document_stays_readable_whatever_was_stored(mode: CaptureMod
     }
     store.record_call(
         "r1",
-        capture_call(
+        *capture_call(
             mode=mode,
             attempt_id="a1",
             endpoint="chat/completions",

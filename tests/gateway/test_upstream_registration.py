@@ -242,6 +242,43 @@ def test_the_config_accepts_no_upstream_and_checks_urls_as_the_route_does() -> N
         GatewayConfig(upstreams=("a:1",), model="m", key=key)
 
 
+def test_an_openai_base_url_ending_in_v1_names_the_same_server_as_its_root() -> None:
+    key = SecretStr("k")
+    config = GatewayConfig(
+        upstreams=("http://a:8000/v1", "http://a:8000/v1/", "http://a:8000", "http://b/openai/v1"),
+        model="m",
+        key=key,
+    )
+    assert config.upstreams == ("http://a:8000", "http://b/openai")
+    with pytest.raises(ValidationError, match=r"an endpoint's URL; give the server's base URL, e.g. 'http://a/v1'"):
+        GatewayConfig(upstreams=("http://a/v1/chat/completions",), model="m", key=key)
+
+
+def test_an_upstream_registered_with_v1_takes_calls_and_a_wrong_path_is_named_in_the_log(
+    bare_gateway: RunningGateway, two_upstreams: tuple[str, str]
+) -> None:
+    """As vLLM's docs write it (`http://host:8000/v1`): before, calls went to `/v1/v1/chat/completions` and
+    the agent got the server's bare 404 with no hint anywhere."""
+    upstream, _ = two_upstreams
+    create_rollouts(bare_gateway.management(), "r-v1")
+    with bare_gateway.management() as management:
+        registered = management.put("/api/upstreams", json={"upstreams": [f"{upstream}/v1"]})
+        assert registered.status_code == 200, registered.text
+        assert registered.json()["upstreams"] == [upstream]
+    with bare_gateway.agent("r-v1") as agent:
+        answer = agent.post(bare_gateway.proxy_path("r-v1"), json=CHAT)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+    with bare_gateway.management() as management:
+        wrong = management.put("/api/upstreams", json={"upstreams": [f"{upstream}/nowhere"]})
+        assert wrong.status_code == 200, wrong.text
+    with bare_gateway.agent("r-v1") as agent:
+        answer = agent.post(bare_gateway.proxy_path("r-v1"), json=CHAT)
+        assert answer.status_code == 404
+    log = bare_gateway.process.log()
+    assert f"upstream {upstream}/nowhere answered 404 to POST {upstream}/nowhere/v1/chat/completions" in log
+
+
 def test_upstream_counts_stay_exact_when_the_set_is_replaced_under_calls_in_flight() -> None:
     upstreams = Upstreams(("http://a", "http://b"))
     first = upstreams.acquire()

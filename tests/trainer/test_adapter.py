@@ -420,7 +420,7 @@ def test_document_written_by_the_gateway_route_is_adapted(mode: CaptureMode) -> 
     store.record_event("r1", "a1", "reward", {"value": 0.5}, size=14)
     store.record_call(
         "r1",
-        capture_call(
+        *capture_call(
             mode=mode,
             attempt_id="a1",
             endpoint="chat/completions",

@@ -9,7 +9,9 @@ JSON bodies too, for debugging.
 
 The shapes read are vLLM's OpenAI-compatible responses with `return_token_ids` and `logprobs`, which the
 reference model server also produces. vLLM puts the prompt's token ids at the top level of a chat completion
-but inside each choice of a text completion; both are read. A streamed call is stored as the body
+but inside each choice of a text completion; both are read. Every choice is kept, one record each: an agent
+that asks for `n > 1` (or sends several prompts to completions) gets n samples of the policy, and each is a
+sample to train on. A streamed call is stored as the body
 `streaming.StreamAssembly` built from its chunks, so it reads like any other; one the agent abandoned is
 `aborted` (status 499, which the trainer's adapter drops as failed).
 
@@ -94,11 +96,16 @@ def _packed(raw: Any) -> Sequence[int] | None:
     return None if raw is None else packed_token_ids(TOKEN_IDS.validate_python(raw))
 
 
-def _tokens(response: Any) -> _Tokens:
-    """(prompt ids, response ids, log-probs, what could not be read) of the first choice of an answer."""
+def _choices(response: Any) -> list[Any]:
+    """The answer's choices in index order (vLLM sends them so; a stream's assembly sorts them too)."""
+    choices = response.get("choices") if isinstance(response, dict) else None
+    return list(choices) if isinstance(choices, list) and choices else [{}]
+
+
+def _tokens(response: Any, choice: Any) -> _Tokens:
+    """(prompt ids, response ids, log-probs, what could not be read) of one choice of an answer."""
     problems = []
     try:
-        choice = response["choices"][0] if isinstance(response, dict) and response.get("choices") else {}
         raw_prompt, raw_response = _prompt_token_ids(response, choice), choice.get("token_ids")
     except Exception:  # a shape this reader does not expect: a call without tokens
         return None, None, None, "the response's choices could not be read"
@@ -112,7 +119,7 @@ def _tokens(response: Any) -> _Tokens:
     try:
         values = _choice_logprobs(choice)
         log_probs = None if values is None else array("d", LOG_PROBS.validate_python(values))
-    except (ValidationError, ValueError, TypeError, KeyError, OverflowError):
+    except (ValidationError, ValueError, TypeError, KeyError, OverflowError, AttributeError):
         problems.append("log-probs that are not numbers")
     return prompt, response_ids, log_probs, ("; ".join(problems) or None)
 
@@ -139,26 +146,41 @@ def capture_call(
     response_body: bytes,
     agent_sampling: dict[str, Any] | None = None,
     aborted: bool = False,
-) -> CapturedCall:
-    """The call as the store keeps it: arrays of its tokens; its JSON bodies too in `Full` capture."""
-    prompt, response_ids, log_probs, unreadable = _tokens(_answer_json(response_body))
+) -> tuple[CapturedCall, ...]:
+    """The call as the store keeps it: one record per choice (`n > 1`, or a completions call with several
+    prompts), each with its own prompt ids, generated ids and log-probs as arrays; every choice is a sample
+    the policy generated, so each is trained on. In `Full` capture the first record keeps the JSON bodies.
+    """
+    answer = _answer_json(response_body)
     full = mode is CaptureMode.FULL
-    return CapturedCall(
-        attempt_id=attempt_id,
-        path=endpoint,
-        status=status,
-        latency_seconds=latency_seconds,
-        model_version=model_version,
-        started_at=started_at,
-        prompt_token_ids=prompt,
-        response_token_ids=response_ids,
-        response_logprobs=log_probs,
-        agent_sampling=agent_sampling,
-        aborted=aborted,
-        request_body=request_body if full else None,
-        response_body=response_body if full else None,
-        unreadable=unreadable,
-    )
+    records = []
+    for index, choice in enumerate(_choices(answer)):
+        prompt, response_ids, log_probs, unreadable = _tokens(answer, choice)
+        records.append(
+            CapturedCall(
+                attempt_id=attempt_id,
+                path=endpoint,
+                status=status,
+                latency_seconds=latency_seconds,
+                model_version=model_version,
+                started_at=started_at,
+                choice_index=_choice_index(choice, index),
+                prompt_token_ids=prompt,
+                response_token_ids=response_ids,
+                response_logprobs=log_probs,
+                agent_sampling=agent_sampling,
+                aborted=aborted,
+                request_body=request_body if full and index == 0 else None,
+                response_body=response_body if full and index == 0 else None,
+                unreadable=unreadable,
+            )
+        )
+    return tuple(records)
+
+
+def _choice_index(choice: Any, position: int) -> int:
+    index = choice.get("index") if isinstance(choice, dict) else None
+    return index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else position
 
 
 # -- the events document ------------------------------------------------------------------------------------
@@ -196,6 +218,7 @@ def call_record(call: CapturedCall) -> CallRecord:
         latency_seconds=call.latency_seconds,
         model_version=call.model_version,
         started_at=call.started_at,
+        choice_index=call.choice_index,
         prompt_token_ids=None if call.prompt_token_ids is None else tuple(call.prompt_token_ids),
         response_token_ids=None if call.response_token_ids is None else tuple(call.response_token_ids),
         response_logprobs=_log_probs(call.response_logprobs),
@@ -219,6 +242,7 @@ def _call_json(call: CapturedCall) -> bytes:
         latency_seconds=call.latency_seconds,
         model_version=call.model_version,
         started_at=call.started_at,
+        choice_index=call.choice_index,
         aborted=call.aborted,
         unreadable="this call could not be encoded as JSON",
     )

@@ -27,7 +27,8 @@ MIN_RETRY_AFTER_SECONDS = 0.001  # Retry-After and retry-after-ms are sent with 
 
 
 def check_upstream_urls(urls: Iterable[str]) -> tuple[str, ...]:
-    """The upstream base URLs normalized (no trailing slash, duplicates dropped); a clear error otherwise.
+    """The upstream server roots (`server_root`: no trailing slash or `/v1`, duplicates dropped); a clear
+    error otherwise.
 
     Shared by the configuration (flags) and `PUT /api/upstreams`, so both accept exactly the same URLs.
     """
@@ -41,8 +42,38 @@ def check_upstream_urls(urls: Iterable[str]) -> tuple[str, ...]:
             raise PydanticCustomError(
                 "upstream_url", "upstream {url} is not a URL with a host", {"url": repr(url)}
             )
-        checked[url.rstrip("/")] = None
+        checked[server_root(url)] = None
     return tuple(checked)
+
+
+OPENAI_BASE_SUFFIX = "/v1"
+ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/models")
+
+
+def server_root(url: str) -> str:
+    """The URL the gateway appends `/v1/<endpoint>` to, from a server root or an OpenAI base URL.
+
+    vLLM's docs and every OpenAI client write the base URL with `/v1` (`http://host:8000/v1`); the gateway
+    forwards to `{root}/v1/chat/completions`, so both spellings name the same server. An endpoint's own URL
+    is refused: it would be forwarded to `.../chat/completions/v1/chat/completions` and get vLLM's bare 404.
+    """
+    root = url.rstrip("/")
+    if root.endswith(ENDPOINT_SUFFIXES):
+        raise PydanticCustomError(
+            "upstream_url",
+            "upstream {url} is an endpoint's URL; give the server's base URL, e.g. {base}",
+            {"url": repr(url), "base": repr(_base_of(root))},
+        )
+    if root.endswith(OPENAI_BASE_SUFFIX):
+        root = root[: -len(OPENAI_BASE_SUFFIX)]
+    return root
+
+
+def _base_of(endpoint_url: str) -> str:
+    for suffix in ENDPOINT_SUFFIXES:
+        if endpoint_url.endswith(suffix):
+            return endpoint_url[: -len(suffix)]
+    return endpoint_url
 
 
 class GatewayConfig(BaseModel):

@@ -36,6 +36,9 @@ class CallRecord(BaseModel):
     latency_seconds: float = 0.0
     model_version: int | None = Field(default=None, description="Training step of the weights that answered.")
     started_at: float
+    choice_index: int = Field(
+        default=0, description="Which choice of the answer this is: a call with n choices is n records."
+    )
     prompt_token_ids: TokenIds | None = None
     response_token_ids: TokenIds | None = None
     response_logprobs: LogProbs | None = Field(

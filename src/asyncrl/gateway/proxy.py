@@ -32,7 +32,7 @@ from asyncrl.gateway.hold import HeldCalls, HoldRefused
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.paths import parse_proxy_path
 from asyncrl.gateway.pause import PauseState, header_seconds
-from asyncrl.gateway.relay import Answered, StreamOutcome, open_stream, pump
+from asyncrl.gateway.relay import Answered, StreamOutcome, open_stream, pump, warn_if_not_found
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.gateway.store import CapturedCall, CaptureFull, RolloutStore, UnknownAttempt, check_attempt
 from asyncrl.gateway.streaming import StreamAssembly, include_usage
@@ -213,7 +213,7 @@ class ProxyHandler:
                     status, content_type, response = answer
                     self._record(
                         rollout_id,
-                        capture_call(
+                        *capture_call(
                             mode=self.config.capture,
                             attempt_id=attempt_id,
                             endpoint=endpoint,
@@ -339,7 +339,7 @@ class ProxyHandler:
     ) -> None:
         self._record(
             call.rollout_id,
-            capture_call(
+            *capture_call(
                 mode=self.config.capture,
                 attempt_id=call.attempt_id,
                 endpoint=call.endpoint,
@@ -354,11 +354,14 @@ class ProxyHandler:
             ),
         )
 
-    def _record(self, rollout_id: str, call: CapturedCall) -> None:
-        limit = self.store.record_call(rollout_id, call)
-        if limit is not None:  # kept without its tokens: the call was in flight when the limit was reached
-            self.metrics.capture_limit_hits.labels(limit, "not_captured").inc()
-            logger.warning("a model call of rollout %s was not captured: %s limit reached", rollout_id, limit)
+    def _record(self, rollout_id: str, *choices: CapturedCall) -> None:
+        for call in choices:
+            limit = self.store.record_call(rollout_id, call)
+            if limit is not None:  # kept without its tokens: it was in flight when the limit was reached
+                self.metrics.capture_limit_hits.labels(limit, "not_captured").inc()
+                logger.warning(
+                    "a model call of rollout %s was not captured: %s limit reached", rollout_id, limit
+                )
 
     def _check_rollout(self, rollout_id: str, attempt_id: str) -> None:
         """The rollout exists, has not ended, and `attempt_id` is its attempt; else the refusal."""
@@ -469,6 +472,7 @@ class ProxyHandler:
                     f"{url}/v1/{endpoint}", data=body, headers={"content-type": "application/json"}
                 ) as response:
                     payload = await response.read()
+                    warn_if_not_found(url, endpoint, response.status)
                     return response.status, response.headers.get("content-type", "application/json"), payload
             except aiohttp.ClientConnectionError as error:
                 if (

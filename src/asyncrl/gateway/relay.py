@@ -97,6 +97,7 @@ async def open_stream(
                 payload = await response.read()
                 response.release()
                 release(url)
+                warn_if_not_found(url, endpoint, response.status)
                 return Answered(response.status, content_type, payload)
             events = SseEvents(max_event_bytes=MAX_EVENT_BYTES)
             first: list[bytes] = []
@@ -124,6 +125,28 @@ async def open_stream(
             raise
     logger.warning("upstream unavailable after %d attempts: %s", attempts, last_error)
     raise Refused(502, "upstream unavailable", detail=last_error, attempts=attempts)
+
+
+_warned_not_found: set[tuple[str, str]] = set()
+
+
+def warn_if_not_found(url: str, endpoint: str, status: int) -> None:
+    """Log, once per upstream and endpoint, a 404 that means a wrong upstream URL, not a wrong agent call.
+
+    vLLM answers a path it does not serve with a bare `{"detail":"Not Found"}`, which the agent gets as it
+    is; the operator of the gateway gets the hint here.
+    """
+    if status != 404 or (url, endpoint) in _warned_not_found:
+        return
+    _warned_not_found.add((url, endpoint))
+    logger.warning(
+        "upstream %s answered 404 to POST %s/v1/%s: it does not serve that path; register the server's "
+        "root or its OpenAI base URL (http://host:port or http://host:port/v1), and check it serves /v1/%s",
+        url,
+        url,
+        endpoint,
+        endpoint,
+    )
 
 
 def _drop(response: aiohttp.ClientResponse | None, url: str, release: Callable[[str], None]) -> None:

@@ -107,6 +107,7 @@ class CapturedCall:
     latency_seconds: float
     model_version: int | None
     started_at: float
+    choice_index: int = 0  # which of the answer's choices (n > 1, several prompts): one record each
     prompt_token_ids: Sequence[int] | None = None
     response_token_ids: Sequence[int] | None = None
     response_logprobs: Sequence[float] | None = None
@@ -136,6 +137,7 @@ class CapturedCall:
             latency_seconds=self.latency_seconds,
             model_version=self.model_version,
             started_at=self.started_at,
+            choice_index=self.choice_index,
             agent_sampling=self.agent_sampling,
             aborted=self.aborted,
             unreadable=reason,

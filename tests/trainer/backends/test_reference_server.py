@@ -177,7 +177,7 @@ def test_the_gateway_captures_token_ids_and_log_probs_from_its_answers() -> None
     )
     [(status, _, answer)] = call(backend, (CHAT, forwarded))
     captured = call_record(
-        capture_call(
+        *capture_call(
             mode=CaptureMode.COMPACT,
             attempt_id="a1",
             endpoint="chat/completions",
