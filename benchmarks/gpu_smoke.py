@@ -67,7 +67,9 @@ def make_model(directory: Path) -> None:
     from asyncrl.testing.tiny_model import save_tiny_model
     from asyncrl.trainer.backends.reference.config import ModelConfig
 
-    config = ModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=512, max_model_len=4096)
+    config = ModelConfig(
+        hidden_size=256, num_layers=4, num_heads=4, intermediate_size=512, max_model_len=4096
+    )
     save_tiny_model(directory, config=config)
 
 

@@ -250,7 +250,9 @@ def test_an_openai_base_url_ending_in_v1_names_the_same_server_as_its_root() -> 
         key=key,
     )
     assert config.upstreams == ("http://a:8000", "http://b/openai")
-    with pytest.raises(ValidationError, match=r"an endpoint's URL; give the server's base URL, e.g. 'http://a/v1'"):
+    with pytest.raises(
+        ValidationError, match=r"an endpoint's URL; give the server's base URL, e.g. 'http://a/v1'"
+    ):
         GatewayConfig(upstreams=("http://a/v1/chat/completions",), model="m", key=key)
 
 
