@@ -19,8 +19,9 @@ from asyncrl.testing.vllm_cpu import VllmServer, VllmVenv, find_vllm_venv, start
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 SERVED_MODEL = "tiny-policy"
-# Long enough for the abort test's generation to be caught running (about 100 tokens/s here).
-MAX_MODEL_LEN = 4096
+# Room for the abort test's long generation (the tiny model makes about 2,000 tokens a second here). Its KV
+# cache is 2 KiB a token, so 1 GiB (VLLM_CPU_KVCACHE_SPACE) holds it many times.
+MAX_MODEL_LEN = 8192
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from asyncrl.trainer.backends.reference.config import ModelConfig
 from asyncrl.trainer.backends.reference.model import build_policy_model
 from asyncrl.trainer.backends.reference.tokenizer import IM_END, build_tokenizer
 
-TINY = ModelConfig(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256, max_model_len=1024)
+TINY = ModelConfig(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256, max_model_len=32768)
 
 
 def save_tiny_model(directory: Path, *, config: ModelConfig = TINY) -> Path:

@@ -1,0 +1,424 @@
+"""The gateway in front of the real vLLM 0.24 (CPU build): what it captures is what vLLM answered.
+
+Real here: vLLM's own OpenAI server on a tiny model made in code, `asyncrl gateway` processes registered with
+it by its OpenAI base URL (`http://127.0.0.1:PORT/v1`, as vLLM's docs write it), agents over real HTTP (the
+official OpenAI SDK among them), and the trainer's own adapter turning the captures into training rows.
+
+Each test compares the gateway's capture with vLLM's own answer: the JSON vLLM sent (kept by
+`--capture=full`), its `/tokenize` endpoint, and the same request replayed directly against vLLM with the
+same seed (vLLM's per-request seed makes CPU sampling reproducible).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from asyncrl.gateway.auth import agent_token
+from asyncrl.gateway.events_wire import CallRecord, EventsDocument
+from asyncrl.testing.vllm_cpu import VllmServer
+from asyncrl.trainer.adapter import AdapterConfig, adapt_rollout
+from asyncrl.trainer.backends.reference.tokenizer import IM_END, build_tokenizer
+from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
+from tests.vllm.conftest import SERVED_MODEL
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+MESSAGES = [{"role": "user", "content": "Name two colours."}]
+# Printable ASCII letters, space and the turn's end: a reply that decodes to text and re-encodes to the same
+# ids, as a real model's usually does; the byte tokenizer's ids are the bytes themselves.
+ASCII_REPLY_IDS = [*range(ord("a"), ord("z") + 1), ord(" ")]
+LOGPROB_TOLERANCE = 1e-4  # a replay of the same request on the same CPU; float32 kernels, another batch
+# Seconds of generation for the tiny model on two cores (2-3 s unloaded), so the pause catches it running.
+ABORTED_CALL_TOKENS = 6_000
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def im_end(tokenizer: Any) -> int:
+    token_id: int = tokenizer.convert_tokens_to_ids(IM_END)
+    return token_id
+
+
+def start_gateway(vllm_server: VllmServer, log_dir: Path, *extra: str) -> RunningGateway:
+    """A gateway registered with vLLM by its OpenAI base URL (`.../v1`), forwarding vLLM's model name."""
+    return launch_gateway([f"{vllm_server.url}/v1"], log_dir, "--model", vllm_server.model, *extra)
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    running = start_gateway(vllm_server, tmp_path_factory.mktemp("gateway"), "--capture=full")
+    yield running
+    running.process.stop()
+
+
+_rollout_counter = iter(range(1_000_000))
+
+
+def new_rollout(gateway: RunningGateway) -> str:
+    rollout_id = f"r{next(_rollout_counter)}"
+    with gateway.management() as admin:
+        create_rollouts(admin, rollout_id)
+    return rollout_id
+
+
+def calls_of(gateway: RunningGateway, rollout_id: str) -> list[CallRecord]:
+    with gateway.management() as admin:
+        response = admin.get(f"/api/rollouts/{rollout_id}/events")
+    assert response.status_code == 200, response.text
+    return list(EventsDocument.model_validate_json(response.content).model_calls)
+
+
+def direct(vllm_server: VllmServer, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same request sent to vLLM itself, not through the gateway."""
+    response = httpx.post(f"{vllm_server.url}/v1/{endpoint}", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def chat_logprobs(choice: dict[str, Any]) -> list[float]:
+    return [float(item["logprob"]) for item in choice["logprobs"]["content"]]
+
+
+def assert_close(captured: tuple[float, ...] | None, expected: list[float]) -> None:
+    assert captured is not None
+    assert len(captured) == len(expected)
+    worst = max((abs(a - b) for a, b in zip(captured, expected, strict=True)), default=0.0)
+    assert worst <= LOGPROB_TOLERANCE, f"log-probs differ by up to {worst}"
+
+
+def vllm_metric(vllm_server: VllmServer, name: str, **labels: str) -> float:
+    """The sum of a vLLM Prometheus sample over the series whose labels include `labels`."""
+    text = httpx.get(f"{vllm_server.url}/metrics", timeout=30).text
+    total, found = 0.0, False
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if not match:
+            continue
+        series = match.group(1) or ""
+        if all(f'{key}="{value}"' in series for key, value in labels.items()):
+            total, found = total + float(match.group(2)), True
+    assert found, f"vLLM exports no {name}{labels or ''}"
+    return total
+
+
+# -- chat, completions, streaming, n > 1 ---------------------------------------------------------------------
+
+
+def test_a_chat_call_captures_exactly_the_tokens_and_log_probs_vllm_answered(
+    gateway: RunningGateway, vllm_server: VllmServer, tokenizer: Any
+) -> None:
+    rollout_id = new_rollout(gateway)
+    with gateway.agent(rollout_id) as agent:
+        answer = agent.post(
+            gateway.proxy_path(rollout_id),
+            json={"model": "what-the-agent-says", "messages": MESSAGES, "max_tokens": 24, "seed": 11},
+        )
+    assert answer.status_code == 200, answer.text
+    (call,) = calls_of(gateway, rollout_id)
+    vllm_said = call.response
+    assert answer.json() == vllm_said  # the agent gets vLLM's answer as it is
+    assert call.request["model"] == SERVED_MODEL
+    assert call.request["return_token_ids"] is True
+    (choice,) = vllm_said["choices"]
+    assert call.prompt_token_ids == tuple(vllm_said["prompt_token_ids"])
+    assert call.response_token_ids == tuple(choice["token_ids"])
+    assert call.response_logprobs == tuple(chat_logprobs(choice))
+    assert len(call.response_token_ids) >= 1
+
+    # The prompt ids are vLLM's own chat template, which is also ours: no re-tokenization drift.
+    tokenized = httpx.post(
+        f"{vllm_server.url}/tokenize",
+        json={"model": SERVED_MODEL, "messages": MESSAGES, "add_generation_prompt": True},
+        timeout=60,
+    ).json()
+    assert call.prompt_token_ids == tuple(tokenized["tokens"])
+    ours = tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert call.prompt_token_ids == tuple(ours)
+
+    # The same request replayed against vLLM itself: the same sample, the same log-probs.
+    replay = direct(vllm_server, "chat/completions", call.request)
+    assert call.response_token_ids == tuple(replay["choices"][0]["token_ids"])
+    assert_close(call.response_logprobs, chat_logprobs(replay["choices"][0]))
+
+
+def test_n_greater_than_one_captures_every_choice_vllm_sampled(
+    gateway: RunningGateway, vllm_server: VllmServer
+) -> None:
+    rollout_id = new_rollout(gateway)
+    with gateway.agent(rollout_id) as agent:
+        answer = agent.post(
+            gateway.proxy_path(rollout_id),
+            json={"messages": MESSAGES, "max_tokens": 16, "n": 3, "seed": 5},
+        )
+    assert answer.status_code == 200, answer.text
+    calls = calls_of(gateway, rollout_id)
+    choices = answer.json()["choices"]
+    assert len(choices) == 3
+    assert [call.choice_index for call in calls] == [0, 1, 2]
+    for call, choice in zip(calls, choices, strict=True):
+        assert call.prompt_token_ids == tuple(answer.json()["prompt_token_ids"])
+        assert call.response_token_ids == tuple(choice["token_ids"])
+        assert call.response_logprobs == tuple(chat_logprobs(choice))
+    rollout = _finished(gateway, rollout_id)
+    result = adapt_rollout(rollout, group_id="g1", config=AdapterConfig())
+    assert len(result.rows) == 3  # three samples, three rows
+
+
+def test_completions_capture_each_choices_own_prompt_ids(
+    gateway: RunningGateway, vllm_server: VllmServer, tokenizer: Any
+) -> None:
+    prompts = ["The sky is", "Two plus two makes"]
+    rollout_id = new_rollout(gateway)
+    with gateway.agent(rollout_id) as agent:
+        answer = agent.post(
+            gateway.proxy_path(rollout_id, endpoint="completions"),
+            json={"prompt": prompts, "max_tokens": 8, "n": 2, "seed": 3},
+        )
+    assert answer.status_code == 200, answer.text
+    choices = sorted(answer.json()["choices"], key=lambda choice: choice["index"])
+    assert len(choices) == 4
+    calls = calls_of(gateway, rollout_id)
+    assert len(calls) == 4
+    for call, choice in zip(calls, choices, strict=True):
+        prompt = prompts[choice["index"] // 2]  # vLLM orders the n samples of each prompt together
+        assert call.prompt_token_ids == tuple(choice["prompt_token_ids"])
+        assert call.prompt_token_ids == tuple(tokenizer.encode(prompt, add_special_tokens=False))
+        assert call.response_token_ids == tuple(choice["token_ids"])
+        expected = [float(value) for value in choice["logprobs"]["token_logprobs"]]
+        assert call.response_logprobs == tuple(expected)
+        assert len(expected) == len(choice["token_ids"])
+
+
+def test_a_streamed_chat_call_captures_what_the_same_call_unstreamed_samples(
+    gateway: RunningGateway, vllm_server: VllmServer
+) -> None:
+    """The agent streams through the gateway with the OpenAI SDK; the capture, assembled from vLLM's chunks,
+    equals vLLM's non-streamed answer to the same request and seed."""
+    rollout_id = new_rollout(gateway)
+    client = sdk_client(gateway, rollout_id)
+    stream = client.chat.completions.create(
+        model="anything", messages=MESSAGES, max_tokens=20, seed=23, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    (call,) = calls_of(gateway, rollout_id)
+    assert not call.aborted
+    forwarded = {key: value for key, value in call.request.items() if key not in {"stream", "stream_options"}}
+    replay = direct(vllm_server, "chat/completions", forwarded)
+    (choice,) = replay["choices"]
+    assert call.prompt_token_ids == tuple(replay["prompt_token_ids"])
+    assert call.response_token_ids == tuple(choice["token_ids"])
+    assert_close(call.response_logprobs, chat_logprobs(choice))
+    assert text == choice["message"]["content"]
+
+
+# -- the sampling the trainer needs --------------------------------------------------------------------------
+
+
+def test_enforce_captures_the_runs_sampling_not_the_agents(
+    gateway: RunningGateway, vllm_server: VllmServer
+) -> None:
+    """The agent asks for temperature 0.3; the run samples at 1.0 (the default). What is captured is vLLM's
+    sample at 1.0 (the same as a direct call at 1.0 with the seed), and the agent's setting is recorded."""
+    rollout_id = new_rollout(gateway)
+    body = {"messages": MESSAGES, "max_tokens": 24, "seed": 29, "temperature": 0.3}
+    with gateway.agent(rollout_id) as agent:
+        assert agent.post(gateway.proxy_path(rollout_id), json=body).status_code == 200
+    (call,) = calls_of(gateway, rollout_id)
+    assert call.agent_sampling == {"temperature": 0.3}
+    assert call.request["temperature"] == 1.0
+    at_run = direct(vllm_server, "chat/completions", {**call.request})
+    at_agent = direct(vllm_server, "chat/completions", {**call.request, "temperature": 0.3})
+    assert call.response_token_ids == tuple(at_run["choices"][0]["token_ids"])
+    assert_close(call.response_logprobs, chat_logprobs(at_run["choices"][0]))
+    # The agent's own setting would have given other log-probs for the same tokens' positions.
+    assert chat_logprobs(at_agent["choices"][0]) != chat_logprobs(at_run["choices"][0])
+
+
+def test_reject_refuses_the_agents_own_sampling_before_vllm_sees_it(
+    vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    running = start_gateway(vllm_server, tmp_path, "--sampling-params=Reject")
+    try:
+        rollout_id = new_rollout(running)
+        before = vllm_metric(vllm_server, "vllm:request_success_total")
+        with running.agent(rollout_id) as agent:
+            refused = agent.post(
+                running.proxy_path(rollout_id), json={"messages": MESSAGES, "max_tokens": 4, "top_p": 0.5}
+            )
+            assert refused.status_code == 400
+            assert "top_p=0.5" in refused.text
+            plain = {"messages": MESSAGES, "max_tokens": 4}
+            accepted = agent.post(running.proxy_path(rollout_id), json=plain)
+            assert accepted.status_code == 200, accepted.text
+        assert vllm_metric(vllm_server, "vllm:request_success_total") == before + 1
+    finally:
+        running.process.stop()
+
+
+# -- abort at a pause ----------------------------------------------------------------------------------------
+
+
+def test_a_pause_with_abort_stops_vllm_generating_and_the_agent_still_gets_its_answer(
+    vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    """drainPolicy Abort: vLLM itself stops generating the call (its running-requests gauge falls to 0 with
+    fewer tokens generated than asked, and no more while paused); after the resume the call is re-issued and
+    answered in full, by the new model version."""
+    running = start_gateway(vllm_server, tmp_path)
+    try:
+        rollout_id = new_rollout(running)
+        tokens_before = vllm_metric(vllm_server, "vllm:generation_tokens_total")
+        long_call = {"messages": MESSAGES, "max_tokens": ABORTED_CALL_TOKENS, "ignore_eos": True, "seed": 1}
+        outcome: dict[str, httpx.Response] = {}
+
+        def agent_call() -> None:
+            with running.agent(rollout_id) as agent:
+                agent.timeout = httpx.Timeout(600)
+                outcome["answer"] = agent.post(running.proxy_path(rollout_id), json=long_call)
+
+        thread = threading.Thread(target=agent_call)
+        thread.start()
+        wait_for(lambda: vllm_metric(vllm_server, "vllm:num_requests_running") >= 1, "vLLM to start the call")
+        with running.management() as admin:
+            paused = admin.post("/proxy/pause", params={"wait": 60}, json={"abort": True, "reason": "update"})
+            assert paused.status_code == 200, paused.text
+            assert paused.json()["drained"] is True
+            assert paused.json()["aborted"] == 1
+            wait_for(lambda: vllm_metric(vllm_server, "vllm:num_requests_running") == 0, "vLLM to stop it")
+            generated = vllm_metric(vllm_server, "vllm:generation_tokens_total") - tokens_before
+            assert 0 < generated < ABORTED_CALL_TOKENS  # stopped part-way: vLLM aborted it
+            time.sleep(0.5)  # a negative check: nothing is generated while paused
+            assert vllm_metric(vllm_server, "vllm:generation_tokens_total") - tokens_before == generated
+            assert "answer" not in outcome  # held in the gateway, not answered
+            assert calls_of(running, rollout_id) == []  # nothing of the aborted call is captured
+            assert admin.post("/proxy/resume", json={"model_version": 1}).status_code == 200
+        thread.join(timeout=600)
+        answer = outcome["answer"]
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["choices"][0]["token_ids"]) == ABORTED_CALL_TOKENS
+        (call,) = calls_of(running, rollout_id)
+        assert call.model_version == 1  # generated after the resume, by the new weights
+        assert len(call.response_token_ids or ()) == ABORTED_CALL_TOKENS
+        total = vllm_metric(vllm_server, "vllm:generation_tokens_total") - tokens_before
+        assert total == generated + ABORTED_CALL_TOKENS
+    finally:
+        running.process.stop()
+
+
+# -- multi-turn agent with the official SDK, into training rows ----------------------------------------------
+
+
+def sdk_client(gateway: RunningGateway, rollout_id: str) -> openai.OpenAI:
+    base_url = f"{gateway.url}/proxy/rollout/{rollout_id}/attempt/a1/mode/train/openai/v1"
+    return openai.OpenAI(base_url=base_url, api_key=agent_token(gateway.key, rollout_id), max_retries=0)
+
+
+def _finished(gateway: RunningGateway, rollout_id: str, reward: float = 1.0) -> EventsDocument:
+    with gateway.management() as admin:
+        running = admin.post(
+            f"/api/rollouts/{rollout_id}/transition", json={"state": "running", "attempt_id": "a1"}
+        )
+        assert running.status_code == 200, running.text
+    with gateway.agent(rollout_id) as agent:
+        posted = agent.post(
+            f"/api/rollouts/{rollout_id}/attempt/a1/events",
+            json={"event_type": "reward", "data": {"value": reward}},
+        )
+        assert posted.status_code == 201, posted.text
+    with gateway.management() as admin:
+        done = admin.post(f"/api/rollouts/{rollout_id}/transition", json={"state": "succeeded"})
+        assert done.status_code == 200, done.text
+        document = admin.get(f"/api/rollouts/{rollout_id}/events")
+    return EventsDocument.model_validate_json(document.content)
+
+
+def test_a_multi_turn_sdk_agent_becomes_one_row_holding_the_tokens_vllm_saw(
+    gateway: RunningGateway, im_end: int
+) -> None:
+    """Three turns with the OpenAI SDK; the trainer's adapter merges them into one trajectory row whose
+    tokens are exactly vLLM's last prompt plus its last answer, with only vLLM's own samples trained on."""
+    rollout_id = new_rollout(gateway)
+    client = sdk_client(gateway, rollout_id)
+    messages: list[dict[str, str]] = [{"role": "user", "content": "Say a word."}]
+    for turn in range(3):
+        reply = client.chat.completions.create(
+            model="anything",
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=12,
+            seed=100 + turn,
+            extra_body={"allowed_token_ids": [*ASCII_REPLY_IDS, im_end]},
+        )
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": f"And another, number {turn + 2}."},
+        ]
+    document = _finished(gateway, rollout_id, reward=0.75)
+    calls = list(document.model_calls)
+    assert len(calls) == 3
+    result = adapt_rollout(document, group_id="g1", config=AdapterConfig())
+    assert result.counts.trajectory_breaks == 0
+    (row,) = result.rows
+    assert row.reward == 0.75
+    last = calls[-1]
+    assert row.prompt_token_ids == calls[0].prompt_token_ids
+    assert row.prompt_token_ids + row.response_token_ids == last.prompt_token_ids + last.response_token_ids
+    # Trained on: exactly vLLM's samples, at vLLM's log-probs; the template's tokens between turns are masked.
+    trained = [token for token, mask in zip(row.response_token_ids, row.response_mask, strict=True) if mask]
+    sampled = [token for call in calls for token in call.response_token_ids or ()]
+    assert trained == sampled
+    trained_logprobs = [lp for lp, mask in zip(row.rollout_log_probs, row.response_mask, strict=True) if mask]
+    assert trained_logprobs == [lp for call in calls for lp in call.response_logprobs or ()]
+    assert all(math.isfinite(value) for value in trained_logprobs)
+
+
+def test_a_finished_turn_ends_with_its_stop_token_so_the_policy_learns_to_end_turns(
+    gateway: RunningGateway, im_end: int
+) -> None:
+    """A reply that stopped on `<|im_end|>` keeps that token among the sampled ids (vLLM includes a stop
+    token from the model's generation config), so the row trains on ending the turn rather than masking it."""
+    rollout_id = new_rollout(gateway)
+    with gateway.agent(rollout_id) as agent:
+        answer = agent.post(
+            gateway.proxy_path(rollout_id),
+            json={
+                "messages": MESSAGES,
+                "max_tokens": 64,
+                "seed": 2,
+                # Only "a" or the turn's end: the reply ends on <|im_end|> within a few tokens.
+                "allowed_token_ids": [ord("a"), im_end],
+                "logit_bias": {str(im_end): 5.0},
+            },
+        )
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    (call,) = calls_of(gateway, rollout_id)
+    assert call.response_token_ids is not None
+    assert call.response_token_ids[-1] == im_end
+    assert "<|im_end|>" not in (choice["message"]["content"] or "")
+
+
+def wait_for(condition: Any, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
