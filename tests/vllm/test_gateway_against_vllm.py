@@ -40,6 +40,8 @@ ASCII_REPLY_IDS = [*range(ord("a"), ord("z") + 1), ord(" ")]
 LOGPROB_TOLERANCE = 1e-4  # a replay of the same request on the same CPU; float32 kernels, another batch
 # Seconds of generation for the tiny model on two cores (2-3 s unloaded), so the pause catches it running.
 ABORTED_CALL_TOKENS = 6_000
+# vLLM's CPU kernels against HF transformers' eager float32 forward, same weights.
+TRAINER_LOGPROB_TOLERANCE = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -422,3 +424,42 @@ def wait_for(condition: Any, what: str, timeout: float = 120.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# -- vLLM's log-probs are the ones the trainer recomputes --------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_captured_log_probs_equal_the_trainers_recomputation_at_the_runs_temperature(
+    vllm_server: VllmServer, tiny_model_dir: Path, tmp_path: Path, temperature: float
+) -> None:
+    """Rollout correction divides the trainer's old log-probs by vLLM's. verl recomputes them from the actor's
+    logits divided by `rollout.temperature` (verl's `logprobs_from_logits`), so vLLM's captured log-probs must
+    be that same distribution: the run's temperature (the gateway enforces it) and vLLM's processed log-probs
+    (as verl starts vLLM). Checked here on the same weights with the trainer's own code (HF transformers)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    running = start_gateway(vllm_server, tmp_path, f"--rollout-temperature={temperature}")
+    try:
+        rollout_id = new_rollout(running)
+        with running.agent(rollout_id) as agent:
+            body = {"messages": MESSAGES, "max_tokens": 32, "seed": 41, "temperature": 0.2}
+            assert agent.post(running.proxy_path(rollout_id), json=body).status_code == 200
+        (call,) = calls_of(running, rollout_id)
+    finally:
+        running.process.stop()
+    assert call.prompt_token_ids is not None
+    assert call.response_token_ids is not None
+    assert call.response_logprobs is not None
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([[*call.prompt_token_ids, *call.response_token_ids]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    n_prompt = len(call.prompt_token_ids)
+    response_logits = logits[n_prompt - 1 : -1] / temperature
+    labels = torch.tensor(call.response_token_ids)
+    trainer = logprobs_from_logits(response_logits, labels).tolist()
+    gap = max(abs(a - b) for a, b in zip(trainer, call.response_logprobs, strict=True))
+    assert gap <= TRAINER_LOGPROB_TOLERANCE, f"vLLM's and the trainer's log-probs differ by up to {gap}"

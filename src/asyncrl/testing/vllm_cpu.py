@@ -107,8 +107,12 @@ def start_vllm_server(
     extra_args: Sequence[str] = (),
     dtype: str = "float32",
     max_model_len: int = 1024,
+    env: Mapping[str, str] | None = None,
 ) -> VllmServer:
-    """Start vLLM's OpenAI server on a free loopback port and return once `/health` answers."""
+    """Start vLLM's OpenAI server on a free loopback port and return once `/health` answers.
+
+    `env`: variables added to the venv's environment (e.g. `VLLM_SERVER_DEV_MODE=1`).
+    """
     port = free_port()
     argv = [
         str(venv.python),
@@ -128,6 +132,11 @@ def start_vllm_server(
         str(max_model_len),
         "--seed",
         "0",
+        # As verl starts its vLLM servers (verl/workers/rollout/vllm_rollout/vllm_async_server.py passes
+        # rollout.logprobs_mode, default processed_logprobs): log-probs after temperature and top-k/top-p,
+        # the distribution the token was sampled from. vLLM's own default is raw_logprobs.
+        "--logprobs-mode",
+        "processed_logprobs",
         *extra_args,
     ]
     url = f"http://127.0.0.1:{port}"
@@ -135,7 +144,7 @@ def start_vllm_server(
         argv,
         ready_url=f"{url}/health",
         log_path=log_path,
-        env=venv.env(src_dir),
+        env=venv.env(src_dir, env),
         timeout_seconds=STARTUP_TIMEOUT_SECONDS,
     )
     return VllmServer(url=url, model=served_model_name, process=process)

@@ -36,6 +36,8 @@ def test_the_run_decides_batch_sizes_n_model_gpus_correction_and_the_colocate_as
     assert config.trainer.v1.trainer_mode == "colocate_async"
     assert config.actor_rollout_ref.rollout.name == "vllm"
     assert config.actor_rollout_ref.rollout.skip_tokenizer_init is False  # the OpenAI server needs it
+    # vLLM's own default, raw_logprobs, ignores the temperature: the importance weights would be biased.
+    assert config.actor_rollout_ref.rollout.logprobs_mode == "processed_logprobs"
     assert config.transfer_queue.enable is True
     assert config.algorithm.rollout_correction.rollout_is == "sequence"
     assert config.algorithm.rollout_correction.rollout_is_threshold == 3.5
@@ -96,6 +98,7 @@ def test_a_plus_adds_a_key_verl_does_not_declare() -> None:
         ({"trainer.v1.trainer_mode": "sync"}, "colocate_async"),
         ({"algorithm.rollout_correction.rollout_is": "token"}, "spec.rolloutCorrection.mode"),
         ({"trainer.n_gpus_per_node": 8}, "spec.trainer.gpus"),
+        ({"actor_rollout_ref.rollout.logprobs_mode": "raw_logprobs"}, "the sampled distribution"),
     ],
 )
 def test_keys_the_run_owns_are_rejected_when_the_manifest_is_loaded(overrides: dict, named: str) -> None:

@@ -83,6 +83,12 @@ OWNED_VERL_KEYS: Mapping[str, OwnedVerlKey] = {
     "actor_rollout_ref.rollout.skip_tokenizer_init": OwnedVerlKey(
         "the backend (the OpenAI server needs the tokenizer)", lambda _: False
     ),
+    # vLLM's default is raw_logprobs (before temperature); rollout correction divides the actor's log-probs at
+    # rollout.temperature by these, so they must be the sampled distribution's (tests/vllm measures both).
+    "actor_rollout_ref.rollout.logprobs_mode": OwnedVerlKey(
+        "the backend (rollout correction needs the log-probs of the sampled distribution)",
+        lambda _: "processed_logprobs",
+    ),
     "transfer_queue.enable": OwnedVerlKey("the backend (verl's v1 trainer needs it)", lambda _: True),
 }
 
