@@ -463,3 +463,42 @@ def test_captured_log_probs_equal_the_trainers_recomputation_at_the_runs_tempera
     trainer = logprobs_from_logits(response_logits, labels).tolist()
     gap = max(abs(a - b) for a, b in zip(trainer, call.response_logprobs, strict=True))
     assert gap <= TRAINER_LOGPROB_TOLERANCE, f"vLLM's and the trainer's log-probs differ by up to {gap}"
+
+
+def test_replies_that_do_not_survive_decoding_break_the_trajectory_but_lose_no_sampled_token(
+    gateway: RunningGateway,
+) -> None:
+    """Unconstrained, the random tiny model emits bytes that are not valid UTF-8: the agent gets U+FFFD in the
+    text, sends that back, and vLLM's next prompt is not the previous prompt plus the sampled ids (as happens
+    with real models when an agent edits or re-formats a reply). The adapter must then start a new row,
+    never train on ids vLLM did not sample, and lose no sampled id."""
+    rollout_id = new_rollout(gateway)
+    client = sdk_client(gateway, rollout_id)
+    messages: list[dict[str, str]] = [{"role": "user", "content": "Say a word."}]
+    replies = []
+    for turn in range(3):
+        reply = client.chat.completions.create(
+            model="anything",
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=16,
+            seed=7 + turn,
+            extra_body={"min_tokens": 16},
+        )
+        replies.append(reply.choices[0].message.content or "")
+        messages += [
+            {"role": "assistant", "content": replies[-1]},
+            {"role": "user", "content": "Again."},
+        ]
+    assert any("\ufffd" in reply for reply in replies), f"every reply decoded cleanly: {replies!r}"
+    document = _finished(gateway, rollout_id)
+    calls = list(document.model_calls)
+    result = adapt_rollout(document, group_id="g1", config=AdapterConfig())
+    assert result.counts.trajectory_breaks >= 1
+    assert len(result.rows) == 1 + result.counts.trajectory_breaks
+    trained = [
+        token
+        for row in result.rows
+        for token, mask in zip(row.response_token_ids, row.response_mask, strict=True)
+        if mask
+    ]
+    assert trained == [token for call in calls for token in call.response_token_ids or ()]
