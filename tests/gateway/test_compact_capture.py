@@ -347,3 +347,47 @@ def test_an_answer_without_choices_is_one_call_without_tokens() -> None:
     (call,) = _capture("chat/completions", {"error": "bad"})
     assert call.prompt_token_ids is None
     assert call.response_token_ids is None
+
+
+def test_a_train_call_always_asks_for_token_ids_and_log_probs() -> None:
+    """The agent's own `false` would turn the capture off (it was only defaulted)."""
+    from asyncrl.gateway.capture import request_overrides
+
+    off = {"messages": [], "logprobs": False, "return_token_ids": False}
+    chat = request_overrides(off, endpoint="chat/completions", model="m", capture=True)
+    assert (chat["logprobs"], chat["return_token_ids"]) == (True, True)
+    text = request_overrides(
+        {"prompt": "x", "logprobs": False}, endpoint="completions", model="m", capture=True
+    )
+    assert text["logprobs"] == 0
+    top = request_overrides({"prompt": "x", "logprobs": 3}, endpoint="completions", model="m", capture=True)
+    assert top["logprobs"] == 3  # the agent's alternatives are kept
+    validation = request_overrides(off, endpoint="chat/completions", model="m", capture=False)
+    assert validation["logprobs"] is False
+
+
+def test_a_choice_vllm_aborted_is_kept_as_aborted_and_gives_no_row() -> None:
+    answer = {
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "abort",
+                "token_ids": [9],
+                "logprobs": {"content": [{"logprob": -1}]},
+            }
+        ],
+    }
+    (call,) = _capture("chat/completions", answer)
+    assert call.aborted
+    store = RolloutStore()
+    store.create([RolloutCreate(rollout_id="r1", group_id="g1", step=0, input={})])
+    rollout = store.get("r1")
+    rollout.state, rollout.attempt_id = RolloutState.RUNNING, "a1"
+    assert store.record_call("r1", call) is None
+    rollout.state = RolloutState.SUCCEEDED
+    result = adapt_rollout(
+        EventsDocument.model_validate_json(events_document(rollout)), group_id="g1", config=UNLIMITED
+    )
+    assert result.rows == ()
+    assert result.counts.dropped_calls_failed == 1

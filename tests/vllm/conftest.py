@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.testing.vllm_cpu import VllmServer, VllmVenv, find_vllm_venv, start_vllm_server
+from asyncrl.testing.vllm_weights import DEV_MODE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
@@ -54,6 +55,7 @@ def vllm_server(
         log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
         src_dir=SRC,
         max_model_len=MAX_MODEL_LEN,
+        env=DEV_MODE_ENV,  # the engine calls verl makes (/pause?mode=abort, /resume) are tested here too
     )
     yield server
     server.stop()

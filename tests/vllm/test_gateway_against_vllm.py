@@ -502,3 +502,63 @@ def test_replies_that_do_not_survive_decoding_break_the_trajectory_but_lose_no_s
         if mask
     ]
     assert trained == [token for call in calls for token in call.response_token_ids or ()]
+
+
+# -- capture an agent cannot turn off, and samples vLLM did not finish -------------------------------------
+
+
+def test_an_agent_cannot_turn_the_capture_of_a_train_call_off(gateway: RunningGateway) -> None:
+    """`logprobs: false` and `return_token_ids: false` were kept (the gateway only defaulted them), so such a
+    call gave vLLM's answer without ids and silently no training row."""
+    rollout_id = new_rollout(gateway)
+    with gateway.agent(rollout_id) as agent:
+        answer = agent.post(
+            gateway.proxy_path(rollout_id),
+            json={"messages": MESSAGES, "max_tokens": 8, "logprobs": False, "return_token_ids": False},
+        )
+    assert answer.status_code == 200, answer.text
+    (call,) = calls_of(gateway, rollout_id)
+    assert call.prompt_token_ids
+    assert call.response_token_ids
+    assert call.response_logprobs is not None
+    assert len(call.response_logprobs) == len(call.response_token_ids)
+
+
+def test_a_sample_vllms_engine_aborted_is_captured_as_aborted_and_never_trained_on(
+    gateway: RunningGateway, vllm_server: VllmServer
+) -> None:
+    """verl aborts vLLM's requests at the engine (`abort_all_requests`, the server's `/pause?mode=abort`):
+    vLLM then answers 200 with `finish_reason: abort` and the tokens so far. Before, that partial sample was
+    captured like a finished one and trained on."""
+    rollout_id = new_rollout(gateway)
+    outcome: dict[str, httpx.Response] = {}
+
+    def agent_call() -> None:
+        with gateway.agent(rollout_id) as agent:
+            agent.timeout = httpx.Timeout(600)
+            long_call = {"messages": MESSAGES, "max_tokens": ABORTED_CALL_TOKENS, "ignore_eos": True}
+            outcome["answer"] = agent.post(gateway.proxy_path(rollout_id), json=long_call)
+
+    thread = threading.Thread(target=agent_call)
+    thread.start()
+    try:
+        wait_for(lambda: vllm_metric(vllm_server, "vllm:num_requests_running") >= 1, "vLLM to start the call")
+        engine_pause = httpx.post(
+            f"{vllm_server.url}/pause", params={"mode": "abort", "clear_cache": "true"}, timeout=120
+        )
+        assert engine_pause.status_code == 200, engine_pause.text
+        thread.join(timeout=600)
+    finally:
+        resumed = httpx.post(f"{vllm_server.url}/resume", timeout=120)
+    assert resumed.status_code == 200, resumed.text
+    answer = outcome["answer"]
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "abort"
+    assert len(choice["token_ids"]) < ABORTED_CALL_TOKENS
+    (call,) = calls_of(gateway, rollout_id)
+    assert call.aborted
+    assert "finish_reason abort" in (call.unreadable or "")
+    result = adapt_rollout(_finished(gateway, rollout_id), group_id="g1", config=AdapterConfig())
+    assert result.rows == ()
+    assert result.counts.dropped_calls_failed == 1

@@ -44,11 +44,15 @@ def request_overrides(body: dict[str, Any], *, endpoint: str, model: str, captur
     forwarded = dict(body)
     forwarded["model"] = model
     if capture:
-        forwarded.setdefault("return_token_ids", True)
+        # Set, not defaulted: an agent's `logprobs: false` or `return_token_ids: false` would turn the capture
+        # of a train-mode call off, and the call would silently give no training row.
+        forwarded["return_token_ids"] = True
         if endpoint == "chat/completions":
-            forwarded.setdefault("logprobs", True)
+            forwarded["logprobs"] = True
         else:
-            forwarded.setdefault("logprobs", 0)
+            asked = body.get("logprobs")
+            wanted_top = isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0
+            forwarded["logprobs"] = asked if wanted_top else 0  # the agent's top-k alternatives are kept
     return forwarded
 
 
@@ -156,6 +160,11 @@ def capture_call(
     records = []
     for index, choice in enumerate(_choices(answer)):
         prompt, response_ids, log_probs, unreadable = _tokens(answer, choice)
+        # vLLM answers 200 with `finish_reason: abort` and the tokens so far when its engine aborts a request
+        # (verl's abort_all_requests, a server shutting down): an incomplete sample, never a training row.
+        engine_aborted = isinstance(choice, dict) and choice.get("finish_reason") == "abort"
+        if engine_aborted:
+            unreadable = "vLLM aborted this choice (finish_reason abort): its tokens are incomplete"
         records.append(
             CapturedCall(
                 attempt_id=attempt_id,
@@ -169,7 +178,7 @@ def capture_call(
                 response_token_ids=response_ids,
                 response_logprobs=log_probs,
                 agent_sampling=agent_sampling,
-                aborted=aborted,
+                aborted=aborted or engine_aborted,
                 request_body=request_body if full and index == 0 else None,
                 response_body=response_body if full and index == 0 else None,
                 unreadable=unreadable,

@@ -48,7 +48,10 @@ class CallRecord(BaseModel):
     agent_sampling: dict[str, Any] | None = Field(
         default=None, description="The agent's own temperature/top_p/top_k, when the run's replaced them."
     )
-    aborted: bool = False
+    aborted: bool = Field(
+        default=False,
+        description="A stream the agent abandoned, or a choice vLLM aborted (finish_reason abort).",
+    )
     request: Any = Field(default=None, description="The forwarded request's JSON (capture Full only).")
     response: Any = Field(default=None, description="The upstream's response JSON (capture Full only).")
     unreadable: str | None = Field(

@@ -112,7 +112,7 @@ class CapturedCall:
     response_token_ids: Sequence[int] | None = None
     response_logprobs: Sequence[float] | None = None
     agent_sampling: dict[str, Any] | None = None  # the agent's own settings, when the run's replaced them
-    aborted: bool = False  # a stream the agent abandoned: kept for inspection, never trained on
+    aborted: bool = False  # abandoned by the agent, or aborted by vLLM: kept for inspection, never trained on
     request_body: bytes | None = None  # Full capture only
     response_body: bytes | None = None  # Full capture only
     unreadable: str | None = None  # why part of the call is missing (not captured, or not readable)

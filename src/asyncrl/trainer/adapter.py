@@ -307,7 +307,7 @@ def _usable_calls(events: EventsDocument, tally: _Tally) -> list[_UsableCall]:
         tally.add("calls")
         if final_attempt is not None and call.attempt_id is not None and call.attempt_id != final_attempt:
             tally.add("dropped_calls_other_attempt")
-        elif call.status != SUCCESS_STATUS:
+        elif call.status != SUCCESS_STATUS or call.aborted:  # an aborted call's tokens are incomplete
             tally.add("dropped_calls_failed")
         elif call.prompt_token_ids is None or call.response_token_ids is None:
             tally.add("dropped_calls_without_tokens")
