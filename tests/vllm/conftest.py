@@ -44,7 +44,7 @@ def tiny_model_dir(vllm_venv: VllmVenv, tmp_path_factory: pytest.TempPathFactory
     return directory
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped when tests/vllm is done, not at the end of the whole suite
 def vllm_server(
     vllm_venv: VllmVenv, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
