@@ -26,6 +26,7 @@ import pytest
 from asyncrl.gateway.auth import agent_token
 from asyncrl.gateway.events_wire import CallRecord, EventsDocument
 from asyncrl.testing.vllm_cpu import VllmServer
+from asyncrl.testing.waiting import wait_for
 from asyncrl.trainer.adapter import AdapterConfig, adapt_rollout
 from asyncrl.trainer.backends.reference.tokenizer import IM_END, build_tokenizer
 from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
@@ -40,6 +41,7 @@ ASCII_REPLY_IDS = [*range(ord("a"), ord("z") + 1), ord(" ")]
 LOGPROB_TOLERANCE = 1e-4  # a replay of the same request on the same CPU; float32 kernels, another batch
 # Seconds of generation for the tiny model on two cores (2-3 s unloaded), so the pause catches it running.
 ABORTED_CALL_TOKENS = 6_000
+WAIT_SECONDS = 120.0  # for vLLM to start or stop a call: well under a second unloaded
 # vLLM's CPU kernels against HF transformers' eager float32 forward, same weights.
 TRAINER_LOGPROB_TOLERANCE = 1e-3
 
@@ -116,6 +118,10 @@ def vllm_metric(vllm_server: VllmServer, name: str, **labels: str) -> float:
             total, found = total + float(match.group(2)), True
     assert found, f"vLLM exports no {name}{labels or ''}"
     return total
+
+
+def running_calls(vllm_server: VllmServer) -> float:
+    return vllm_metric(vllm_server, "vllm:num_requests_running")
 
 
 # -- chat, completions, streaming, n > 1 ---------------------------------------------------------------------
@@ -297,13 +303,18 @@ def test_a_pause_with_abort_stops_vllm_generating_and_the_agent_still_gets_its_a
 
         thread = threading.Thread(target=agent_call)
         thread.start()
-        wait_for(lambda: vllm_metric(vllm_server, "vllm:num_requests_running") >= 1, "vLLM to start the call")
+        wait_for(
+            lambda: running_calls(vllm_server) >= 1,
+            timeout=WAIT_SECONDS,
+            what="vLLM to start it",
+            interval=0.05,
+        )
         with running.management() as admin:
             paused = admin.post("/proxy/pause", params={"wait": 60}, json={"abort": True, "reason": "update"})
             assert paused.status_code == 200, paused.text
             assert paused.json()["drained"] is True
             assert paused.json()["aborted"] == 1
-            wait_for(lambda: vllm_metric(vllm_server, "vllm:num_requests_running") == 0, "vLLM to stop it")
+            wait_for(lambda: running_calls(vllm_server) == 0, timeout=WAIT_SECONDS, what="vLLM to stop it")
             generated = vllm_metric(vllm_server, "vllm:generation_tokens_total") - tokens_before
             assert 0 < generated < ABORTED_CALL_TOKENS  # stopped part-way: vLLM aborted it
             time.sleep(0.5)  # a negative check: nothing is generated while paused
@@ -415,15 +426,6 @@ def test_a_finished_turn_ends_with_its_stop_token_so_the_policy_learns_to_end_tu
     assert call.response_token_ids is not None
     assert call.response_token_ids[-1] == im_end
     assert "<|im_end|>" not in (choice["message"]["content"] or "")
-
-
-def wait_for(condition: Any, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 # -- vLLM's log-probs are the ones the trainer recomputes --------------------------------------------------
@@ -542,7 +544,12 @@ def test_a_sample_vllms_engine_aborted_is_captured_as_aborted_and_never_trained_
     thread = threading.Thread(target=agent_call)
     thread.start()
     try:
-        wait_for(lambda: vllm_metric(vllm_server, "vllm:num_requests_running") >= 1, "vLLM to start the call")
+        wait_for(
+            lambda: running_calls(vllm_server) >= 1,
+            timeout=WAIT_SECONDS,
+            what="vLLM to start it",
+            interval=0.05,
+        )
         engine_pause = httpx.post(
             f"{vllm_server.url}/pause", params={"mode": "abort", "clear_cache": "true"}, timeout=120
         )
