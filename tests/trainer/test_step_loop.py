@@ -331,7 +331,6 @@ def test_each_update_runs_paused_and_the_resume_names_the_new_model_version(tmp_
         (call.method, call.model_version) for call in gateway.calls if call.method in ("pause", "resume")
     ]
     assert pauses_and_resumes == [
-        ("pause", None),  # the model servers are registered and the weights loaded while paused
         ("resume", 0),  # the run starts serving the initial weights
         ("pause", None),
         ("resume", 1),

@@ -272,26 +272,11 @@ class StepLoop:
 
     # -- the loop -----------------------------------------------------------------------------------------
 
-    async def start_serving(self) -> None:
-        """Register the model servers, load the latest checkpoint, then open the gateway at that version.
-
-        A gateway that outlived its trainer may be serving agents at the old trainer's model version, and the
-        fresh servers hold the base weights until the checkpoint is loaded: they are registered while the
-        gateway is paused, so no call is answered by base weights under a trained version's label.
-        """
-        await self.wait_for_gateway()
-        await self.gateway.pause(
-            reason="the trainer is starting: registering its model servers and loading its weights",
-            retry_after_seconds=self.settings.retry_after_seconds,
-            wait_seconds=self.settings.drain_timeout_seconds,
-        )
+    async def run(self) -> RunResult:
+        """Run steps until totalSteps, or until one pass over the data is trained on."""
         await self.connect()
         await self.recover()
         await self.gateway.resume(model_version=self.backend.model_version)
-
-    async def run(self) -> RunResult:
-        """Run steps until totalSteps, or until one pass over the data is trained on."""
-        await self.start_serving()
         first_step, steps_run = self.step, 0
         try:
             while self.settings.total_steps is None or self.step < self.settings.total_steps:
