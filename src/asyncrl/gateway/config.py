@@ -58,22 +58,16 @@ def server_root(url: str) -> str:
     is refused: it would be forwarded to `.../chat/completions/v1/chat/completions` and get vLLM's bare 404.
     """
     root = url.rstrip("/")
-    if root.endswith(ENDPOINT_SUFFIXES):
-        raise PydanticCustomError(
-            "upstream_url",
-            "upstream {url} is an endpoint's URL; give the server's base URL, e.g. {base}",
-            {"url": repr(url), "base": repr(_base_of(root))},
-        )
+    for suffix in ENDPOINT_SUFFIXES:
+        if root.endswith(suffix):
+            raise PydanticCustomError(
+                "upstream_url",
+                "upstream {url} is an endpoint's URL; give the server's base URL, e.g. {base}",
+                {"url": repr(url), "base": repr(root[: -len(suffix)])},
+            )
     if root.endswith(OPENAI_BASE_SUFFIX):
         root = root[: -len(OPENAI_BASE_SUFFIX)]
     return root
-
-
-def _base_of(endpoint_url: str) -> str:
-    for suffix in ENDPOINT_SUFFIXES:
-        if endpoint_url.endswith(suffix):
-            return endpoint_url[: -len(suffix)]
-    return endpoint_url
 
 
 class GatewayConfig(BaseModel):
