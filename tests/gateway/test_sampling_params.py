@@ -110,6 +110,117 @@ def test_allow_forwards_the_agents_settings_untouched(launch: Launcher, upstream
     assert overridden_calls(gateway) == 0
 
 
+# -- every parameter that changes the distribution, not only temperature/top_p/top_k ------------------------
+
+BIASED = {
+    "logit_bias": {"65": 5.0},
+    "min_tokens": 4,
+    "repetition_penalty": 1.3,
+    "frequency_penalty": 0.5,
+    "bad_words": ["blue"],
+    "response_format": {"type": "json_object"},
+}
+STRICT_TOOL = {
+    "type": "function",
+    "function": {"name": "f", "parameters": {"type": "object"}, "strict": True},
+}
+NEUTRAL = {
+    "logit_bias": {},
+    "min_tokens": 0,
+    "repetition_penalty": 1,
+    "min_p": 0,
+    "frequency_penalty": 0,
+    "presence_penalty": 0.0,
+    "response_format": {"type": "text"},
+    "tool_choice": "auto",
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "seed": 3,
+    "stop": ["x"],
+    "ignore_eos": True,
+}
+
+
+def upstream_calls(upstream_url: str) -> int:
+    return int(httpx.get(f"{upstream_url}/stats").json()["calls"])
+
+
+def test_enforce_removes_every_biasing_parameter_on_chat_completions_and_streams_and_records_them(
+    launch: Launcher,
+) -> None:
+    gateway = launch("Enforce")
+    forced = {"tools": [STRICT_TOOL], "tool_choice": "required"}
+    with gateway.management() as admin, gateway.agent("r1") as agent:
+        create_rollouts(admin, "r1")
+        chat = {"messages": MESSAGES, **BIASED, **forced}
+        assert agent.post(gateway.proxy_path("r1"), json=chat).status_code == 200
+        text = {"prompt": "a b", "min_p": 0.2, "logit_bias": {"66": -100}}
+        assert agent.post(gateway.proxy_path("r1", "completions"), json=text).status_code == 200
+        streamed = {"messages": MESSAGES, "stream": True, "bad_words": ["red"]}
+        with agent.stream("POST", gateway.proxy_path("r1"), json=streamed) as answer:
+            assert answer.status_code == 200
+            assert "[DONE]" in answer.read().decode()
+        calls = admin.get("/api/rollouts/r1/events").json()["model_calls"]
+    neutral = {"temperature": 0.9, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    for call in calls:
+        forwarded = call["request"]
+        assert {key: forwarded[key] for key in neutral} == neutral
+        assert not {"logit_bias", "min_tokens", "frequency_penalty", "bad_words"} & forwarded.keys()
+    assert "tool_choice" not in calls[0]["request"]
+    assert calls[0]["request"]["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+    assert "response_format" not in calls[0]["request"]
+    assert [call["agent_sampling"] for call in calls] == [
+        {**BIASED, "tool_choice": "required", "tools[*].function.strict": ["f"]},
+        {"min_p": 0.2, "logit_bias": {"66": -100}},
+        {"bad_words": ["red"]},
+    ]
+    assert overridden_calls(gateway) == 3
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "named"),
+    [
+        ("chat/completions", {"messages": MESSAGES, "logit_bias": {"65": 5}}, "logit_bias={'65': 5}"),
+        ("completions", {"prompt": "a", "min_tokens": 4}, "min_tokens=4"),
+        ("chat/completions", {"messages": MESSAGES, "stream": True, "repetition_penalty": 1.2}, "repetition"),
+        (
+            "chat/completions",
+            {"messages": MESSAGES, "tools": [STRICT_TOOL], "tool_choice": "required"},
+            "tool_",
+        ),
+        ("chat/completions", {"messages": MESSAGES, "tools": [STRICT_TOOL]}, "tools[0].function.strict=True"),
+        ("chat/completions", {"messages": MESSAGES, "structured_outputs": {"regex": "a+"}}, "structured_"),
+    ],
+)
+def test_reject_answers_400_naming_a_biasing_parameter_and_forwards_nothing(
+    launch: Launcher, upstream_url: str, endpoint: str, body: dict[str, object], named: str
+) -> None:
+    gateway = launch("Reject")
+    with gateway.management() as admin, gateway.agent("r1") as agent:
+        create_rollouts(admin, "r1")
+        before = upstream_calls(upstream_url)
+        refused = agent.post(gateway.proxy_path("r1", endpoint), json=body)
+    assert refused.status_code == 400
+    detail = refused.json()["detail"]
+    assert named in detail
+    assert "omit" in detail
+    assert upstream_calls(upstream_url) == before
+
+
+def test_reject_lets_neutral_values_through(launch: Launcher, upstream_url: str) -> None:
+    gateway = launch("Reject")
+    with gateway.management() as admin, gateway.agent("r1") as agent:
+        create_rollouts(admin, "r1")
+        before = upstream_calls(upstream_url)
+        answer = agent.post(gateway.proxy_path("r1"), json={"messages": MESSAGES, **NEUTRAL})
+        assert answer.status_code == 200, answer.text
+        (call,) = admin.get("/api/rollouts/r1/events").json()["model_calls"]
+    assert upstream_calls(upstream_url) == before + 1
+    assert {key: call["request"][key] for key in NEUTRAL} == NEUTRAL
+    assert call["agent_sampling"] is None
+
+
 @pytest.mark.parametrize("value", [None, "0.9", True, float("nan")])
 def test_values_that_are_not_the_runs_number_are_refused_under_reject(value: object) -> None:
     with pytest.raises(SamplingRefused, match="temperature"):

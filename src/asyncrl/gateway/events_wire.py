@@ -46,7 +46,12 @@ class CallRecord(BaseModel):
         description="One per response token; absent when the upstream gave none or a non-finite one.",
     )
     agent_sampling: dict[str, Any] | None = Field(
-        default=None, description="The agent's own temperature/top_p/top_k, when the run's replaced them."
+        default=None,
+        description=(
+            "The agent's own values of the sampling parameters the gateway owns (temperature, top_p, top_k, "
+            "penalties, logit_bias, structured output, ...), when it replaced or removed any; a value longer "
+            "than 200 bytes of JSON is kept as a summary."
+        ),
     )
     aborted: bool = Field(
         default=False,

@@ -56,7 +56,8 @@ class GatewayMetrics:
         )
         self.sampling_overridden = Counter(
             "asyncrl_gateway_sampling_overridden",
-            "Train-mode model calls whose temperature/top_p/top_k the gateway replaced with the run's.",
+            "Train-mode model calls whose sampling parameters the gateway replaced with the run's or removed "
+            "(spec.gateway.samplingParams Enforce).",
             registry=self.registry,
         )
         self.held = Gauge(
