@@ -96,6 +96,62 @@ def test_a_restart_loads_its_checkpoint_with_the_gateway_paused(
     assert backend.calls == [("load", 3, True)]
 
 
+class UpstreamsRecordingClient(GatewayClient):
+    """The real client, noting whether the gateway was paused when the model servers were registered."""
+
+    registered_while_paused: list[bool]
+
+    async def set_upstreams(self, urls: Any, *, model: str | None = None) -> Any:
+        self.registered_while_paused.append((await self.state()).paused)
+        return await super().set_upstreams(urls, model=model)
+
+
+@pytest.mark.parametrize("with_checkpoint", [True, False])
+def test_a_restarted_trainer_registers_its_fresh_servers_only_while_the_gateway_is_paused(
+    gateway: RunningGateway, tmp_path: Path, with_checkpoint: bool
+) -> None:
+    """A gateway that outlived its trainer serves at the old trainer's version 3, and the fresh servers hold
+    the base weights until the checkpoint is loaded (or for good, without one). Before, they were registered
+    with the gateway open, so agents' calls in that window were answered by the base weights and captured as
+    version 3."""
+    backend = RecordingBackend(gateway.url, gateway.key)
+    backend.serve_urls = ("http://127.0.0.1:9",)
+    checkpoints = tmp_path / "checkpoints"
+
+    async def scenario() -> None:
+        if with_checkpoint:
+            await save_checkpoint(checkpoints, backend, LoopState(step=3, data_epoch=0, data_offset=1))
+            backend.calls.clear()
+        async with UpstreamsRecordingClient(gateway.url, gateway.key) as client:
+            client.registered_while_paused = []
+            await client.resume(model_version=3)  # the old trainer's last version, still serving
+            await loop_on(client, backend, checkpoints, every=1).start_serving()
+            assert client.registered_while_paused == [True]
+            state = await client.state()
+            assert not state.paused
+            assert state.model_version == (3 if with_checkpoint else 0)  # what the servers now hold
+
+    asyncio.run(scenario())
+    assert backend.calls == ([("load", 3, True)] if with_checkpoint else [])
+
+
+def test_a_new_runs_trainer_registers_its_servers_without_pausing_the_gateway(
+    gateway: RunningGateway, tmp_path: Path
+) -> None:
+    """At version 0 the gateway labels the base weights rightly: a new run's start stays as it was."""
+    backend = RecordingBackend(gateway.url, gateway.key)
+    backend.serve_urls = ("http://127.0.0.1:9",)
+
+    async def scenario() -> None:
+        async with UpstreamsRecordingClient(gateway.url, gateway.key) as client:
+            client.registered_while_paused = []
+            await loop_on(client, backend, tmp_path / "checkpoints", every=1).start_serving()
+            assert client.registered_while_paused == [False]
+            assert (await client.state()).model_version == 0
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(("every", "saves"), [(2, [("save", 4, True)]), (3, [("save", 4, True)])])
 def test_the_last_step_is_saved_once_and_with_the_gateway_paused(
     gateway: RunningGateway, tmp_path: Path, every: int, saves: list[tuple[str, int, bool]]

@@ -31,7 +31,7 @@ import httpx
 
 from asyncrl.gateway.client import GatewayError, PauseResult
 from asyncrl.gateway.events_wire import EventsDocument
-from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, RolloutCreate
+from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, GatewayStats, RolloutCreate
 from asyncrl.pausing import DrainPolicy
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
@@ -156,12 +156,15 @@ class StepLoop:
 
     async def wait_for_gateway(self) -> str:
         """Wait (bounded) until the gateway answers; return its instance id."""
+        return (await self._gateway_stats()).instance_id
+
+    async def _gateway_stats(self) -> GatewayStats:
+        """The gateway's stats, once it answers (bounded wait)."""
         deadline = time.monotonic() + self.settings.gateway_wait_seconds
         logged = False
         while True:
             try:
-                stats = await self.gateway.stats()
-                return stats.instance_id
+                return await self.gateway.stats()
             except GatewayFailure as error:
                 if isinstance(error, GatewayError) and error.status < 500:
                     raise
@@ -272,11 +275,32 @@ class StepLoop:
 
     # -- the loop -----------------------------------------------------------------------------------------
 
-    async def run(self) -> RunResult:
-        """Run steps until totalSteps, or until one pass over the data is trained on."""
+    async def start_serving(self) -> None:
+        """Register the model servers, load the latest checkpoint, then open the gateway at that version.
+
+        A gateway that outlived its trainer still serves agents at the old trainer's model version, while the
+        fresh servers hold the base weights until the checkpoint is loaded (and forever, without one): they
+        are registered while that gateway is paused, so no call is answered by other weights than its label
+        says. A gateway at version 0 (a new run, or restarted with the pod) labels the base weights rightly,
+        and stays open.
+        """
+        stats = await self._gateway_stats()
+        if stats.model_version:
+            await self.gateway.pause(
+                reason=(
+                    f"the trainer restarted: its model servers hold other weights than version "
+                    f"{stats.model_version} until its checkpoint is loaded"
+                ),
+                retry_after_seconds=self.settings.retry_after_seconds,
+                wait_seconds=self.settings.drain_timeout_seconds,
+            )
         await self.connect()
         await self.recover()
         await self.gateway.resume(model_version=self.backend.model_version)
+
+    async def run(self) -> RunResult:
+        """Run steps until totalSteps, or until one pass over the data is trained on."""
+        await self.start_serving()
         first_step, steps_run = self.step, 0
         try:
             while self.settings.total_steps is None or self.step < self.settings.total_steps:
