@@ -89,10 +89,9 @@ def manifest(model_dir: Path, steps: int) -> dict[str, Any]:
             # Small model, small memory: leave most of the GPU to the actor, start vLLM fast.
             "actor_rollout_ref.rollout.gpu_memory_utilization": 0.3,
             "actor_rollout_ref.rollout.enforce_eager": True,
-            "data.max_prompt_length": 1024,
-            "data.max_response_length": 1024,
         },
     }
+    spec["data"] = {**spec["data"], "maxPromptLength": 1024, "maxResponseLength": 1024}
     return run
 
 

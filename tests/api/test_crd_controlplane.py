@@ -361,6 +361,47 @@ SPEC_CASES: dict[str, tuple[Any, str | None]] = {
         "spec.gateway.port",
     ),
     "one-node-gateway-port-in-rays-range": (lambda spec: spec.update(gateway={"port": 10500}), None),
+    "verl-update-rows-not-divisible-by-gpus": (  # 2 x 3 = 6 rows over 4 GPUs: verl asserts on its 1st update
+        lambda spec: (
+            spec["trainer"].update(backend="Verl", gpus=4),
+            spec.update(trainBatchSize=2, rollout={"samplesPerPrompt": 3}),
+        ),
+        "spec.trainBatchSize",
+    ),
+    "verl-update-rows-divisible-by-gpus": (
+        lambda spec: (
+            spec["trainer"].update(backend="Verl", gpus=4),
+            spec.update(trainBatchSize=2, rollout={"samplesPerPrompt": 2}),
+        ),
+        None,
+    ),
+    "verl-multi-node-rows-not-divisible": (  # 2 x 2 = 4 rows over 2 nodes x 4 GPUs
+        lambda spec: spec["trainer"].update(
+            backend="Verl", nodes=2, gpusPerNode=4, checkpoint={"claimName": "ckpt"}
+        ),
+        "spec.trainBatchSize",
+    ),
+    "reference-rows-over-gpus-not-checked": (
+        lambda spec: (
+            spec["trainer"].update(backend="Reference", gpus=4),
+            spec.update(rollout={"samplesPerPrompt": 3}),
+        ),
+        None,
+    ),
+    "verl-rows-longer-than-the-token-budget": (
+        lambda spec: (
+            spec["trainer"].update(backend="Verl", gpus=1),
+            spec["data"].update(maxPromptLength=12288, maxResponseLength=4097),
+        ),
+        "spec.data.maxPromptLength",
+    ),
+    "verl-rows-at-the-token-budget": (
+        lambda spec: (
+            spec["trainer"].update(backend="Verl", gpus=1),
+            spec["data"].update(maxPromptLength=12288, maxResponseLength=4096),
+        ),
+        None,
+    ),
     "multi-node-with-checkpoint-claim": (
         lambda spec: spec["trainer"].update(
             backend="Verl", nodes=2, gpusPerNode=8, checkpoint={"claimName": "ckpt"}

@@ -118,7 +118,14 @@ def test_documented_defaults() -> None:
     spec = load_run(_manifest(REQUIRED_ONLY_SPEC)).spec
     assert spec.to_wire() == {
         **REQUIRED_ONLY_SPEC,
-        "data": {"path": "/data/rows.jsonl", "shuffle": True, "seed": 0},
+        "model": {"name": "m", "path": "/models/m", "toolCallParser": "hermes"},
+        "data": {
+            "path": "/data/rows.jsonl",
+            "shuffle": True,
+            "seed": 0,
+            "maxPromptLength": 4096,
+            "maxResponseLength": 4096,
+        },
         "rollout": {"samplesPerPrompt": 4},
         "rolloutTimeoutSeconds": 1800,
         "maxFailedSteps": 3,

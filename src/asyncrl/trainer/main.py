@@ -101,26 +101,41 @@ def rows_of(run: AsyncTrainingRun, data_file: Path | None) -> list[Any]:
         raise SystemExit(f"asyncrl trainer: {field}: {error}") from error
 
 
-def build_backend(run: AsyncTrainingRun, *, inference_port: int, checkpoint_dir: Path | None) -> Backend:
+def build_backend(
+    run: AsyncTrainingRun, *, inference_port: int, checkpoint_dir: Path | None, prompt_count: int
+) -> Backend:
     if run.spec.trainer.backend is TrainerBackend.VERL:
-        return build_verl_backend(run, checkpoint_dir=checkpoint_dir)
+        return build_verl_backend(run, checkpoint_dir=checkpoint_dir, prompt_count=prompt_count)
     return build_reference_backend(run, inference_port=inference_port)
 
 
-def build_verl_backend(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> Backend:
+def build_verl_backend(run: AsyncTrainingRun, *, checkpoint_dir: Path | None, prompt_count: int) -> Backend:
     """verl's config for this run, checked before any GPU work starts: a bad setting fails in seconds."""
     try:
         from asyncrl.trainer.backends.verl.backend import VerlBackend
-        from asyncrl.trainer.backends.verl.config import VerlConfigError, compose_verl_config, verl_settings
+        from asyncrl.trainer.backends.verl.config import (
+            VerlConfigError,
+            compose_verl_config,
+            schedule_horizon,
+            verl_settings,
+        )
     except ImportError as error:
         raise SystemExit(
             f"asyncrl trainer: trainer.backend verl needs verl and its GPU stack ({error}); use the trainer "
             "image (trainer_image/), or pip install 'asyncrl[trainer,gpu]'"
         ) from error
     try:
-        config = compose_verl_config(verl_settings(run, checkpoint_dir=checkpoint_dir))
+        settings = verl_settings(run, checkpoint_dir=checkpoint_dir, prompt_count=prompt_count)
+        config = compose_verl_config(settings)
     except VerlConfigError as error:
         raise SystemExit(f"asyncrl trainer: {error}") from error
+    horizon = config.actor_rollout_ref.actor.optim.total_training_steps
+    source = (
+        schedule_horizon(run, prompt_count=prompt_count)[1]
+        if horizon == settings.schedule_steps
+        else "spec.trainer.verlOverrides"
+    )
+    logger.info("learning-rate schedule horizon: %s updates (%s)", horizon, source)
     return VerlBackend(config)
 
 
@@ -208,7 +223,10 @@ async def train(args: argparse.Namespace) -> int:
     settings = LoopSettings(
         window=spec.window_config(),
         adapter=AdapterConfig(
-            sample_level=spec.trainer.sample_level, failed_rollout_reward=spec.trainer.failed_rollout_reward
+            sample_level=spec.trainer.sample_level,
+            failed_rollout_reward=spec.trainer.failed_rollout_reward,
+            max_prompt_tokens=spec.data.max_prompt_length,
+            max_response_tokens=spec.data.max_response_length,
         ),
         rollout_timeout_seconds=spec.rollout_timeout_seconds,
         total_steps=spec.total_steps,
@@ -218,8 +236,11 @@ async def train(args: argparse.Namespace) -> int:
         drain_policy=spec.gateway.drain_policy,
         max_failed_steps=spec.max_failed_steps,
     )
-    prompts = PromptSource(rows_of(run, args.data_file), shuffle=spec.data.shuffle, seed=spec.data.seed)
-    backend = build_backend(run, inference_port=args.inference_port, checkpoint_dir=args.checkpoint_dir)
+    rows = rows_of(run, args.data_file)
+    prompts = PromptSource(rows, shuffle=spec.data.shuffle, seed=spec.data.seed)
+    backend = build_backend(
+        run, inference_port=args.inference_port, checkpoint_dir=args.checkpoint_dir, prompt_count=len(rows)
+    )
     # After the config check (a bad verl key is named first), before any model or GPU work.
     from asyncrl.trainer.preflight import failures, report
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,9 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.rollout.llm_server import LLMServerManager
 
 from asyncrl.trainer.backends.verl.backend import VerlBackend
-from asyncrl.trainer.backends.verl.trainer import OPEN_ENDED_STEPS, WindowDrivenTrainer
-from tests.trainer.backends.verl_support import verl_config
+from asyncrl.trainer.backends.verl.config import compose_verl_config, verl_settings
+from asyncrl.trainer.backends.verl.trainer import WindowDrivenTrainer
+from tests.trainer.backends.verl_support import verl_config, verl_run
 
 
 def parameters(function: Callable[..., Any]) -> list[str]:
@@ -95,9 +97,71 @@ def test_the_window_driven_trainer_builds_on_cpu_without_a_dataset() -> None:
     assert trainer.config.actor_rollout_ref.actor.optim.total_training_steps == 7
     assert trainer.trainer_mode == "colocate_async"
     assert trainer.train_dataloader is None
-    open_ended = WindowDrivenTrainer(config=verl_config(totalSteps=None))
-    open_ended._init_dataloader()
-    assert open_ended.total_training_steps == OPEN_ENDED_STEPS
+
+
+COSINE = {
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.1,
+}
+
+
+def learning_rates(config: Any, updates: int) -> list[float]:
+    """The LR of each update, from verl's own FSDP scheduler builder on the config's optimizer settings."""
+    import torch
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    optimizer = torch.optim.AdamW(
+        [torch.nn.Parameter(torch.zeros(1))], lr=config.actor_rollout_ref.actor.optim.lr
+    )
+    engine = types.SimpleNamespace(
+        optimizer_config=omega_conf_to_dataclass(config.actor_rollout_ref.actor.optim), rank=1
+    )
+    scheduler = FSDPEngine._build_lr_scheduler(engine, optimizer)
+    rates = []
+    for _ in range(updates):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+def test_an_open_ended_runs_schedule_spans_one_pass_over_its_prompts() -> None:
+    """Without totalSteps the run ends after one pass over the data: 100 prompts at trainBatchSize 4 are 25
+    updates, and a warmup + cosine schedule runs over those 25 (with a horizon of 1,000,000 it never left
+    its warmup)."""
+    run = verl_run(
+        totalSteps=None,
+        trainBatchSize=4,
+        trainer={"gpus": 1, "verlOverrides": COSINE},
+        **{"async": {"enabled": True, "windowSize": 8}},
+    )
+    config = compose_verl_config(verl_settings(run, checkpoint_dir=None, prompt_count=100))
+    assert config.actor_rollout_ref.actor.optim.total_training_steps == 25
+    trainer = WindowDrivenTrainer(config=config)
+    trainer._init_dataloader()
+    assert trainer.total_training_steps == 25
+    rates = learning_rates(config, 25)
+    peak = config.actor_rollout_ref.actor.optim.lr
+    assert max(rates) == pytest.approx(peak)  # warmup done (2 of 25 updates)
+    assert rates[-1] < 0.01 * peak  # and the cosine decayed by the last update
+
+
+def test_the_horizon_is_totalsteps_or_what_the_user_sets() -> None:
+    assert verl_config(totalSteps=7).actor_rollout_ref.actor.optim.total_training_steps == 7
+    explicit = {**COSINE, "actor_rollout_ref.actor.optim.total_training_steps": 500}
+    config = verl_config(totalSteps=7, trainer={"gpus": 1, "verlOverrides": explicit})
+    assert config.actor_rollout_ref.actor.optim.total_training_steps == 500
+    trainer = WindowDrivenTrainer(config=config)
+    trainer._init_dataloader()
+    assert config.actor_rollout_ref.actor.optim.total_training_steps == 500  # not overwritten
+
+
+def test_a_run_without_a_horizon_is_refused_naming_the_settings() -> None:
+    run = verl_run(totalSteps=None, data={"configMapRef": {"name": "rows", "key": "rows.jsonl"}})
+    config = compose_verl_config(verl_settings(run, checkpoint_dir=None))  # prompts not counted
+    with pytest.raises(ValueError, match=r"spec\.totalSteps.*total_training_steps"):
+        WindowDrivenTrainer(config=config)._init_dataloader()
 
 
 def test_an_unstarted_backend_says_so() -> None:

@@ -14,7 +14,8 @@ TWO_NODES = {"nodes": 2, "gpusPerNode": 4, "checkpoint": {"claimName": "shared"}
 
 
 def test_a_two_node_run_gives_verl_nnodes_2_and_the_gpus_of_each_node() -> None:
-    settings = verl_settings(verl_run(trainer=TWO_NODES), checkpoint_dir=Path("/ckpt"))
+    run = verl_run(trainer=TWO_NODES, trainBatchSize=4, **{"async": {"enabled": True, "windowSize": 8}})
+    settings = verl_settings(run, checkpoint_dir=Path("/ckpt"))
     owned = settings.owned()
     assert owned["trainer.nnodes"] == 2
     assert owned["trainer.n_gpus_per_node"] == 4

@@ -19,7 +19,7 @@ from tests.trainer.backends.verl_support import verl_config, verl_manifest, verl
 def test_the_run_decides_batch_sizes_n_model_gpus_correction_and_the_colocate_async_mode() -> None:
     config = verl_config(
         trainBatchSize=3,
-        rollout={"samplesPerPrompt": 5},
+        rollout={"samplesPerPrompt": 4},  # 12 rows per update over 2 GPUs
         **{"async": {"enabled": True, "windowSize": 6}},
         totalSteps=9,
         model={"name": "policy", "path": "/models/qwen"},
@@ -27,7 +27,7 @@ def test_the_run_decides_batch_sizes_n_model_gpus_correction_and_the_colocate_as
         rolloutCorrection={"mode": "Sequence", "threshold": 3.5},
     )
     assert config.data.train_batch_size == 3
-    assert config.actor_rollout_ref.rollout.n == 5
+    assert config.actor_rollout_ref.rollout.n == 4
     assert config.actor_rollout_ref.model.path == "/models/qwen"
     assert config.trainer.n_gpus_per_node == 2
     assert config.trainer.nnodes == 1
@@ -58,7 +58,7 @@ def test_overrides_flat_or_nested_reach_verl_and_may_replace_asyncrls_defaults()
             "verlOverrides": {
                 "actor_rollout_ref.actor.optim.lr": 3e-6,
                 "actor_rollout_ref.rollout.gpu_memory_utilization": 0.7,
-                "data.max_response_length": 1024,
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 20000,
                 "algorithm.rollout_correction.rollout_rs": "token_k1",
             }
         }
@@ -70,7 +70,7 @@ def test_overrides_flat_or_nested_reach_verl_and_may_replace_asyncrls_defaults()
                     "actor": {"optim": {"lr": 3e-6}},
                     "rollout": {"gpu_memory_utilization": 0.7},
                 },
-                "data": {"max_response_length": 1024},
+                "actor_rollout_ref.actor": {"ppo_max_token_len_per_gpu": 20000},
                 "algorithm.rollout_correction": {"rollout_rs": "token_k1"},
             }
         }
@@ -78,7 +78,7 @@ def test_overrides_flat_or_nested_reach_verl_and_may_replace_asyncrls_defaults()
     for config in (flat, nested):
         assert config.actor_rollout_ref.actor.optim.lr == 3e-6
         assert config.actor_rollout_ref.rollout.gpu_memory_utilization == 0.7
-        assert config.data.max_response_length == 1024  # asyncrl's default is 4096
+        assert config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 20000  # asyncrl's default is 16384
         assert config.algorithm.rollout_correction.rollout_rs == "token_k1"
 
 
@@ -99,6 +99,8 @@ def test_a_plus_adds_a_key_verl_does_not_declare() -> None:
         ({"algorithm.rollout_correction.rollout_is": "token"}, "spec.rolloutCorrection.mode"),
         ({"trainer.n_gpus_per_node": 8}, "spec.trainer.gpus"),
         ({"actor_rollout_ref.rollout.logprobs_mode": "raw_logprobs"}, "the sampled distribution"),
+        ({"data.max_prompt_length": 2048}, "spec.data.maxPromptLength"),
+        ({"data": {"max_response_length": 2048}}, "spec.data.maxResponseLength"),
     ],
 )
 def test_keys_the_run_owns_are_rejected_when_the_manifest_is_loaded(overrides: dict, named: str) -> None:
@@ -176,15 +178,16 @@ def test_the_trainer_command_refuses_a_bad_verl_setting_at_once(tmp_path: Path) 
     assert "Did you mean 'actor_rollout_ref.actor.optim.lr'?" in completed.stderr
 
 
-def test_training_attention_defaults_to_sdpa_for_an_image_without_flash_attn_and_can_be_switched() -> None:
+def test_training_packs_rows_with_sdpa_for_an_image_without_flash_attn_and_can_be_switched() -> None:
     default = verl_config()
     assert default.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
-    assert default.actor_rollout_ref.model.use_remove_padding is False
+    # Packed rows (remove-padding): a micro-batch is its real tokens, never rows x longest row.
+    assert default.actor_rollout_ref.model.use_remove_padding is True
+    assert default.actor_rollout_ref.actor.use_remove_padding is True  # verl's actor reads the model's
     fast = verl_config(
         trainer={
             "verlOverrides": {
                 "actor_rollout_ref.model.override_config.attn_implementation": "flash_attention_2",
-                "actor_rollout_ref.model.use_remove_padding": True,
             }
         }
     )

@@ -39,7 +39,7 @@ from tests.trainer.test_adapter import TRAJECTORY, TRANSITION  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-DATA_PARALLEL_RANKS = 4  # the stand-in reports 4 actor ranks: 6 rows are padded to 12 by _balance_batch
+GPUS = 4  # the run's GPUs: the stand-in reports one actor rank per GPU, as verl's FSDP worker group does
 THRESHOLD = 2.0
 EOS = 7
 
@@ -82,7 +82,7 @@ class StandInActorWorkerGroup:
 
     def __init__(self, actor_config: Any) -> None:
         self.actor_config = actor_config  # verl's ActorConfig, as its workers build it
-        self._dispatch_info: dict[str, list[int]] = {"actor": list(range(DATA_PARALLEL_RANKS))}
+        self._dispatch_info: dict[str, list[int]] = {"actor": list(range(GPUS))}
         self.log_prob_keys: list[list[str]] = []
         self.loss_inputs: list[dict[str, Any]] = []
 
@@ -118,6 +118,10 @@ class StandInActorWorkerGroup:
 
     def update_actor(self, batch: Any) -> dict[str, Any]:
         """One on-policy mini-batch through verl's vanilla PPO loss, with the weights from TransferQueue."""
+        # What verl's train_mini_batch (engine_workers.py) asserts before it splits the rows over its ranks:
+        # a run whose trainBatchSize x samplesPerPrompt does not divide by the GPUs fails here on a GPU.
+        mini_batch_size = batch.extra_info["mini_batch_size"]
+        assert mini_batch_size % GPUS == 0, f"Got {mini_batch_size=} and data-parallel size {GPUS}"
         fields = ["old_log_probs", "advantages", "response_mask", "rollout_is_weights"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         padded = data.to_padded_tensor()
@@ -145,10 +149,11 @@ class StandInActorWorkerGroup:
 
 def backend_on_real_verl() -> tuple[VerlBackend, StandInActorWorkerGroup]:
     config = verl_config(
-        trainBatchSize=2,
+        trainer={"gpus": GPUS},
+        trainBatchSize=4,  # 4 groups x 3 = 12 rows per mini-batch, 3 per rank
         rollout={"samplesPerPrompt": 3},
         rolloutCorrection={"mode": "Token", "threshold": THRESHOLD},
-        **{"async": {"enabled": True, "windowSize": 4}},
+        **{"async": {"enabled": True, "windowSize": 8}},
     )
     trainer = WindowDrivenTrainer(config=config)
     trainer._init_dataloader()
@@ -186,7 +191,7 @@ def check_loss_inputs(rows: list[TrainingRow], inputs: dict[str, Any]) -> None:
 def test_updates_through_verl_and_transfer_queue_leave_nothing_behind(local_ray: None) -> None:
     backend, workers = backend_on_real_verl()
     steps = [
-        agent_rows(TRAJECTORY),  # 6 rows: verl pads them to 12 (4 ranks, mini-batches of 2 groups x 3)
+        agent_rows(TRAJECTORY),  # 6 rows: verl pads them to 12 (4 ranks, mini-batches of 4 groups x 3)
         agent_rows(TRANSITION),  # 12 rows: no padding
         agent_rows(TRAJECTORY),  # padded again
     ]

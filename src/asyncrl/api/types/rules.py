@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from asyncrl.api.types.meta import CelRule
+from asyncrl.api.types.verl_layout import DEFAULT_TOKEN_BUDGET
 
 # Upper bounds that keep the numbers in the async rule's message exact (see _cel_decimal).
 MAX_TRAIN_BATCH_SIZE = 100_000
@@ -71,6 +72,44 @@ ASYNC_WINDOW_RULE = CelRule(
         "try windowSize = 2 x trainBatchSize"
     ),
     field_path=".async.windowSize",
+)
+
+# verl splits each update's trainBatchSize x samplesPerPrompt rows evenly over its data-parallel ranks (one
+# per GPU) and asserts that they divide (verl_layout.py has the exact rule, with overrides and suggestions).
+# CEL cannot read verlOverrides (preserve-unknown-fields), which may change the mini-batch or the ranks
+# (ppo_mini_batch_size, Ulysses), so admission checks the runs without overrides; validation covers all.
+_GPUS = (
+    "(has(self.trainer.gpusPerNode) ? self.trainer.gpusPerNode : self.trainer.gpus) * "
+    "(has(self.trainer.nodes) ? self.trainer.nodes : 1)"
+)
+VERL_MINI_BATCH_RULE = CelRule(
+    rule=(
+        "!has(self.trainer) || (has(self.trainer.backend) && self.trainer.backend != 'Verl') || "
+        f"has(self.trainer.verlOverrides) || {_GPUS} < 1 || "
+        f"(self.trainBatchSize * self.rollout.samplesPerPrompt) % ({_GPUS}) == 0"
+    ),
+    message=(
+        "with the Verl backend, trainBatchSize x rollout.samplesPerPrompt (the rows of an update) must "
+        "divide evenly by the trainer's GPUs (trainer.gpus, or trainer.gpusPerNode x trainer.nodes), or "
+        "verl's first update fails on an assertion; `asyncrl validate` names values that work"
+    ),
+    field_path=".trainBatchSize",
+)
+
+# verl's token budget per micro-batch (16384 unless verlOverrides changes it) must hold the longest row.
+VERL_TOKEN_BUDGET_RULE = CelRule(
+    rule=(
+        "!has(self.trainer) || (has(self.trainer.backend) && self.trainer.backend != 'Verl') || "
+        "has(self.trainer.verlOverrides) || "
+        f"self.data.maxPromptLength + self.data.maxResponseLength <= {DEFAULT_TOKEN_BUDGET}"
+    ),
+    message=(
+        "with the Verl backend, data.maxPromptLength + data.maxResponseLength (the longest row) must fit "
+        f"verl's token budget per micro-batch ({DEFAULT_TOKEN_BUDGET}), or its first update fails on an "
+        "assertion: lower the lengths, or raise actor_rollout_ref.actor.ppo_max_token_len_per_gpu in "
+        "trainer.verlOverrides"
+    ),
+    field_path=".data.maxPromptLength",
 )
 
 # A Ray cluster of more than one node writes each checkpoint from every node (each rank saves its shard), so

@@ -34,9 +34,22 @@ from asyncrl.api.types.rules import (
     MULTI_NODE_CHECKPOINT_RULE,
     MULTI_NODE_GATEWAY_PORT_RULE,
     TEMPLATE_SOURCE_RULE,
+    VERL_MINI_BATCH_RULE,
+    VERL_TOKEN_BUDGET_RULE,
     check_exactly_one,
     gateway_port_taken_by_ray,
     immutable_rules,
+)
+from asyncrl.api.types.tool_call_parsers import (
+    DEFAULT_TOOL_CALL_PARSER,
+    TOOL_CALL_PARSER_VALUES,
+    check_tool_call_parser,
+)
+from asyncrl.api.types.verl_layout import (
+    DEFAULT_MAX_PROMPT_LENGTH,
+    DEFAULT_MAX_RESPONSE_LENGTH,
+    VerlLayout,
+    layout_errors,
 )
 from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
 from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
@@ -243,6 +256,24 @@ class ModelSpec(ApiModel):
             "trainer.podTemplate.volumes mounted with trainer.podTemplate.trainerContainer.volumeMounts."
         ),
     )
+    tool_call_parser: str = Field(
+        strict=True,
+        default=DEFAULT_TOOL_CALL_PARSER,
+        json_schema_extra={"enum": list(TOOL_CALL_PARSER_VALUES)},
+        description=(
+            "vLLM's tool-call parser (its --tool-call-parser, with --enable-auto-tool-choice): it turns the "
+            "tool calls the model writes into the `tool_calls` of the answer to a call with `tools`. It must "
+            "match the format the model's chat template teaches: `hermes` for Qwen2.5, Qwen3, QwQ and Hermes "
+            "models, `llama3_json` for Llama 3.1-3.3, `mistral` for Mistral, `qwen3_coder` for Qwen3-Coder "
+            "(docs/writing-an-agent.md#tools). `Disabled`: vLLM answers 400 to calls with `tools` unless "
+            "their tool_choice is none. The Reference backend ignores it."
+        ),
+    )
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_call_parser(cls, value: str) -> str:
+        return check_tool_call_parser(value)
 
 
 class DataSpec(ApiModel):
@@ -275,6 +306,27 @@ class DataSpec(ApiModel):
         strict=True, default=True, description="Shuffle the rows before each pass over the data."
     )
     seed: int = Field(strict=True, default=0, ge=0, description="Seed of the shuffle.")
+    max_prompt_length: int = Field(
+        strict=True,
+        default=DEFAULT_MAX_PROMPT_LENGTH,
+        ge=1,
+        description=(
+            "Tokens of a training row's prompt (the conversation before the first trained token) at most: a "
+            "longer one drops its row (counted in training/adapter/dropped_long_prompt). verl's "
+            "data.max_prompt_length; with maxResponseLength it bounds the longest row, which verl's token "
+            "budgets (ppo_max_token_len_per_gpu, log_prob_max_token_len_per_gpu) must hold."
+        ),
+    )
+    max_response_length: int = Field(
+        strict=True,
+        default=DEFAULT_MAX_RESPONSE_LENGTH,
+        ge=1,
+        description=(
+            "Tokens of a training row's response (model output, and tool output between calls at mask 0) at "
+            "most: a longer one is cut here (counted in training/adapter/truncated_rows). verl's "
+            "data.max_response_length."
+        ),
+    )
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> Self:
@@ -725,7 +777,13 @@ class AsyncTrainingRunSpec(ApiModel):
     """What to train, on which data, with which agents, and how asynchronously."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel_rules(ASYNC_WINDOW_RULE, MULTI_NODE_GATEWAY_PORT_RULE, *immutable_rules())
+        json_schema_extra=cel_rules(
+            ASYNC_WINDOW_RULE,
+            MULTI_NODE_GATEWAY_PORT_RULE,
+            VERL_MINI_BATCH_RULE,
+            VERL_TOKEN_BUDGET_RULE,
+            *immutable_rules(),
+        )
     )
 
     model: ModelSpec = Field(description="The policy model to serve and train.")
@@ -784,6 +842,28 @@ class AsyncTrainingRunSpec(ApiModel):
         if self.trainer.nodes > 1 and gateway_port_taken_by_ray(self.gateway.port):
             raise FieldRuleError(MULTI_NODE_GATEWAY_PORT_RULE.message, field_path=("gateway", "port"))
         return self
+
+    @model_validator(mode="after")
+    def _verl_batch_layout(self) -> Self:
+        """verl's first update would assert on these (see verl_layout); only the verl backend has them."""
+        if self.trainer.backend is not TrainerBackend.VERL:
+            return self
+        problems = layout_errors(self.verl_layout())
+        if problems:
+            raise FieldRuleError("; ".join(p.message for p in problems), field_path=problems[0].field_path)
+        return self
+
+    def verl_layout(self) -> VerlLayout:
+        """The numbers that decide how verl batches this run's rows over its GPUs."""
+        return VerlLayout(
+            train_batch_size=self.train_batch_size,
+            samples_per_prompt=self.rollout.samples_per_prompt,
+            gpus_per_node=self.trainer.node_gpus,
+            nodes=self.trainer.nodes,
+            max_prompt_length=self.data.max_prompt_length,
+            max_response_length=self.data.max_response_length,
+            overrides=flatten_overrides(self.trainer.verl_overrides or {}),
+        )
 
     def window_config(self) -> WindowConfig:
         """The async window's configuration (asyncrl.trainer.window); raises when the window rule fails."""

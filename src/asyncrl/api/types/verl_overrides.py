@@ -25,6 +25,7 @@ class RunVerlDecisions:
     """What the run decides for verl: the values of the owned keys below (the verl backend fills it)."""
 
     model_path: str
+    tool_call_parser: str | None  # vLLM's --tool-call-parser; None: started without tool parsing
     train_batch_size: int  # groups per update
     rollout_n: int
     gpus: int  # per node
@@ -33,6 +34,8 @@ class RunVerlDecisions:
     rollout_is: Literal["token", "sequence"] | None  # None: rollout correction off
     rollout_is_threshold: float
     checkpoint_dir: str
+    max_prompt_length: int
+    max_response_length: int
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,18 @@ class OwnedVerlKey:
     value: Callable[[RunVerlDecisions], Any]
 
 
-# The one list of owned keys: loading a run refuses them in verlOverrides, the verl backend sets them.
+# The one list of owned keys: loading a run refuses them in verlOverrides, the verl backend sets them. A
+# leading + marks a key verl's YAML does not declare (as in verlOverrides): the backend adds it.
 OWNED_VERL_KEYS: Mapping[str, OwnedVerlKey] = {
     "data.train_batch_size": OwnedVerlKey(
         "spec.trainBatchSize (groups per update)", lambda run: run.train_batch_size
+    ),
+    "data.max_prompt_length": OwnedVerlKey(
+        "spec.data.maxPromptLength (the adapter drops rows with longer prompts)",
+        lambda run: run.max_prompt_length,
+    ),
+    "data.max_response_length": OwnedVerlKey(
+        "spec.data.maxResponseLength (the adapter cuts longer responses)", lambda run: run.max_response_length
     ),
     "data.gen_batch_size": OwnedVerlKey(
         "spec.trainBatchSize; the window decides what is generated", lambda _: 1
@@ -55,6 +66,15 @@ OWNED_VERL_KEYS: Mapping[str, OwnedVerlKey] = {
         "spec.rollout.samplesPerPrompt (sibling rollouts per group)", lambda run: run.rollout_n
     ),
     "actor_rollout_ref.model.path": OwnedVerlKey("spec.model.path", lambda run: run.model_path),
+    # verl passes engine_kwargs.vllm to vLLM's server as its command-line flags
+    # (verl/workers/rollout/vllm_rollout/vllm_async_server.py, vLLMHttpServer.launch_server: None values are
+    # dropped, True becomes a bare flag); without them vLLM answers 400 to calls with tools.
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_auto_tool_choice": OwnedVerlKey(
+        "spec.model.toolCallParser", lambda run: run.tool_call_parser is not None
+    ),
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser": OwnedVerlKey(
+        "spec.model.toolCallParser", lambda run: run.tool_call_parser
+    ),
     "trainer.n_gpus_per_node": OwnedVerlKey(
         "spec.trainer.gpus (spec.trainer.gpusPerNode when nodes > 1)", lambda run: run.gpus
     ),
@@ -121,7 +141,8 @@ def owned_key_errors(overrides: Mapping[str, Any]) -> list[str]:
     errors = []
     for key in flatten_overrides(overrides):
         bare = key.lstrip("+")
-        for owned, by in OWNED_VERL_KEYS.items():
+        for key_spelling, by in OWNED_VERL_KEYS.items():
+            owned = key_spelling.lstrip("+")
             if bare == owned or owned.startswith(bare + "."):
                 errors.append(f"{key!r} is set by {by.set_by}; remove it from spec.trainer.verlOverrides")
                 break

@@ -10,6 +10,7 @@ trainer's start, with the key named.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.api import AsyncTrainingRun
+from asyncrl.api.types.tool_call_parsers import vllm_tool_call_parser
+from asyncrl.api.types.verl_layout import (
+    DEFAULT_TOKEN_BUDGET,
+    DYNAMIC_BATCH_KEY,
+    REMOVE_PADDING_KEY,
+    UPDATE_BUDGET_KEY,
+)
 from asyncrl.api.types.verl_overrides import RunVerlDecisions, flatten_overrides, owned_verl_values
 
 VERL_CONFIG_NAME = "ppo_trainer"
@@ -26,16 +34,16 @@ ASYNCRL_DEFAULTS: Mapping[str, Any] = {
     # One vLLM replica per GPU: more replicas for the gateway to balance agents over.
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     # Rows differ in length and number (one per model call at transition level): token-budget micro-batches.
-    "actor_rollout_ref.actor.use_dynamic_bsz": True,
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
-    # Agents' contexts are longer than verl's single-turn defaults (512 + 512).
-    "data.max_prompt_length": 4096,
-    "data.max_response_length": 4096,
+    DYNAMIC_BATCH_KEY: True,
+    UPDATE_BUDGET_KEY: DEFAULT_TOKEN_BUDGET,
     # The trainer image has no flash-attn (verl's default attention for training; it would have to be compiled
-    # against CUDA in the image build): PyTorch's SDPA, on padded batches. With flash-attn installed, set
-    # attn_implementation: flash_attention_2 and use_remove_padding: true for speed.
+    # against CUDA in the image build): PyTorch's SDPA. Rows are packed into one sequence (remove-padding),
+    # which transformers' SDPA path masks per row from the position ids (verl passes no attention mask and
+    # use_cache=False; tests/trainer/test_verl_packing.py checks the logits against unpacked rows). Padded
+    # micro-batches would be rows x longest row: verl's token budget counts real tokens only, so a budget of
+    # 16,384 could become 200,000 padded positions (tens of GiB of logits).
     "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
-    "actor_rollout_ref.model.use_remove_padding": False,
+    REMOVE_PADDING_KEY: True,
     # The actor's log-probs are compared with vLLM's (verl's rollout-vs-actor debug metrics).
     "actor_rollout_ref.rollout.calculate_log_probs": True,
     "algorithm.adv_estimator": "grpo",
@@ -58,6 +66,9 @@ class VerlSettings(RunVerlDecisions):
 
     experiment_name: str
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    schedule_steps: int | None = (
+        None  # the LR schedule's horizon in updates (schedule_horizon); None: unknown
+    )
 
     def owned(self) -> dict[str, Any]:
         """The keys the run sets (OWNED_VERL_KEYS), with their values."""
@@ -65,14 +76,44 @@ class VerlSettings(RunVerlDecisions):
 
     def defaults(self) -> dict[str, Any]:
         """ASYNCRL_DEFAULTS plus the ones that follow from the run (one optimizer step per update)."""
-        return {
+        defaults = {
             **ASYNCRL_DEFAULTS,
             "actor_rollout_ref.actor.ppo_mini_batch_size": self.train_batch_size,
             "trainer.experiment_name": self.experiment_name,
         }
+        if self.schedule_steps is not None:
+            defaults.update(dict.fromkeys(SCHEDULE_HORIZON_KEYS, self.schedule_steps))
+        return defaults
 
 
-def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> VerlSettings:
+# verl's learning-rate schedules (warmup, cosine) run over these many optimizer steps; asyncrl's update is one
+# step of each (ppo_mini_batch_size = trainBatchSize). A user may set them in verlOverrides.
+SCHEDULE_HORIZON_KEYS = (
+    "actor_rollout_ref.actor.optim.total_training_steps",
+    "critic.optim.total_training_steps",
+)
+
+
+def schedule_horizon(run: AsyncTrainingRun, *, prompt_count: int | None) -> tuple[int | None, str]:
+    """The updates the LR schedule spans, and why: totalSteps, else one pass over the prompts."""
+    spec = run.spec
+    if spec.total_steps is not None:
+        return spec.total_steps, f"spec.totalSteps = {spec.total_steps}"
+    if prompt_count is None and spec.data.inline is not None:
+        prompt_count = len(spec.data.inline)
+    if not prompt_count:
+        return None, "unknown (no totalSteps, prompts not counted)"
+    steps = math.ceil(prompt_count / spec.train_batch_size)
+    return steps, (
+        f"one pass over the data: {prompt_count} prompts / trainBatchSize {spec.train_batch_size}, "
+        "as spec.totalSteps is unset"
+    )
+
+
+def verl_settings(
+    run: AsyncTrainingRun, *, checkpoint_dir: Path | None, prompt_count: int | None = None
+) -> VerlSettings:
+    """`prompt_count`: the rows of the run's data, which set the LR schedule's horizon without totalSteps."""
     spec = run.spec
     if spec.trainer.nodes > 1 and spec.trainer.node_gpus < 1:
         raise VerlConfigError(
@@ -87,6 +128,7 @@ def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> Verl
     # Owned keys in verlOverrides cannot reach here: loading the run refused them (TrainerSpec's validator).
     return VerlSettings(
         model_path=spec.model.path,
+        tool_call_parser=vllm_tool_call_parser(spec.model.tool_call_parser),
         train_batch_size=spec.train_batch_size,
         rollout_n=spec.rollout.samples_per_prompt,
         gpus=spec.trainer.node_gpus,
@@ -95,8 +137,11 @@ def verl_settings(run: AsyncTrainingRun, *, checkpoint_dir: Path | None) -> Verl
         rollout_is=spec.rollout_correction.rollout_is,
         rollout_is_threshold=spec.rollout_correction.threshold,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else "checkpoints",
+        max_prompt_length=spec.data.max_prompt_length,
+        max_response_length=spec.data.max_response_length,
         experiment_name=run.name or "asyncrl-run",
         overrides=flatten_overrides(spec.trainer.verl_overrides or {}),
+        schedule_steps=schedule_horizon(run, prompt_count=prompt_count)[0],
     )
 
 

@@ -7,7 +7,8 @@ dataset and samples trajectories from its replay buffer; asyncrl has both alread
 window over the gateway's rollouts), so this subclass keeps verl's setup and its per-batch PPO pipeline, and
 replaces only the sampling:
 
-- no dataset is loaded (`_init_dataloader`): the run's step count sets verl's schedule horizon;
+- no dataset is loaded (`_init_dataloader`): the config carries the schedule's horizon (totalSteps, or one
+  pass over the prompts);
 - `train_on(batch)` runs verl's own pipeline on a batch that asyncrl put into TransferQueue: balance, old
   log-probs, reference log-probs, advantages with rollout correction, the actor update.
 
@@ -20,31 +21,34 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 
 logger = logging.getLogger(__name__)
-
-# Steps verl schedules for when the run sets no totalSteps (one pass over the data): only the LR scheduler's
-# horizon depends on it, and verl's default schedule is constant.
-OPEN_ENDED_STEPS = 1_000_000
 
 
 class WindowDrivenTrainer(PPOTrainerColocateAsync):
     """verl's collocated async trainer with asyncrl's window as its only source of samples."""
 
     def _init_dataloader(self) -> None:
+        # The LR schedule's horizon comes with the config (config.schedule_horizon: spec.totalSteps, or one
+        # pass over the prompts; verlOverrides may set it): no dataset here to derive it from.
+        horizon = int(self.config.actor_rollout_ref.actor.optim.get("total_training_steps") or -1)
+        if horizon < 1:
+            raise ValueError(
+                "the learning-rate schedule has no horizon: set spec.totalSteps, or "
+                "actor_rollout_ref.actor.optim.total_training_steps in spec.trainer.verlOverrides"
+            )
         configured = self.config.trainer.get("total_training_steps")
-        self.total_training_steps = int(configured) if configured else OPEN_ENDED_STEPS
+        self.total_training_steps = int(configured) if configured else horizon
         self.steps_per_epoch = self.total_training_steps
         self.train_dataset = self.val_dataset = None
         self.train_dataloader = self.val_dataloader = None
         self.train_dataloader_it = None
-        # Each update is one optimizer schedule step (parameter_sync_step is 1 in colocate_async).
-        with open_dict(self.config):
-            self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
-        logger.info("verl trainer without a dataset: asyncrl's window supplies the batches")
+        logger.info(
+            "verl trainer without a dataset: asyncrl's window supplies the batches; LR schedule: %d updates",
+            horizon,
+        )
 
     def train_on(self, batch: KVBatchMeta, *, step: int) -> dict[str, Any]:
         """verl's PPO pipeline on `batch` (in TransferQueue) as global step `step + 1`; its metrics."""
