@@ -145,3 +145,18 @@ def test_the_cli_prints_one_line_per_check_and_fails_with_the_fix(tmp_path: Path
     assert bad.returncode == 1
     assert "FAIL  checkpoints: cannot write in" in bad.stdout
     assert "fix: mount a writable volume" in bad.stdout
+
+
+def test_the_cli_refuses_a_gpu_run_verl_would_fail_at_its_first_update(tmp_path: Path) -> None:
+    """6 rows per update over 4 GPUs: verl's train_mini_batch asserts on it (see test_verl_layout.py)."""
+    manifest = run_manifest("pre", trainBatchSize=2, rollout={"samplesPerPrompt": 3})
+    manifest["spec"]["trainer"] = {"backend": "Verl", "gpus": 4}
+    manifest["spec"]["async"] = {"enabled": True, "windowSize": 4}
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump(manifest))
+    command = [sys.executable, "-m", "asyncrl.cli", "trainer", "--preflight", f"--config={run_file}"]
+    refused = subprocess.run(command, capture_output=True, text=True)
+    assert refused.returncode != 0
+    output = refused.stdout + refused.stderr
+    assert "spec.trainBatchSize: verl trains on trainBatchSize x rollout.samplesPerPrompt = 2 x 3" in output
+    assert "set spec.trainBatchSize to 4, or spec.rollout.samplesPerPrompt to 4 or 2" in output
