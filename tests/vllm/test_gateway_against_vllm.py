@@ -69,6 +69,19 @@ def gateway(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -
     running.process.stop()
 
 
+@pytest.fixture(scope="module")
+def allow_gateway(
+    vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningGateway]:
+    """`samplingParams: Allow`: for the tests that steer the random tiny model (allowed_token_ids, logit_bias,
+    min_tokens), which the default Enforce removes from train-mode calls."""
+    running = start_gateway(
+        vllm_server, tmp_path_factory.mktemp("allow"), "--capture=full", "--sampling-params=Allow"
+    )
+    yield running
+    running.process.stop()
+
+
 _rollout_counter = iter(range(1_000_000))
 
 
@@ -280,6 +293,82 @@ def test_reject_refuses_the_agents_own_sampling_before_vllm_sees_it(
         running.process.stop()
 
 
+# vLLM applies each of these to the logits before it samples and reports processed log-probs: (parameter,
+# value) on a request the tiny model answers with printable bytes.
+BIASING_PARAMETERS: list[tuple[str, Any]] = [
+    ("logit_bias", {str(ord("a")): 6.0}),  # the byte tokenizer's ids are the bytes themselves
+    ("min_tokens", 24),  # the stop tokens masked for the whole reply: every other token's log-prob rises
+    ("repetition_penalty", 1.8),
+    ("presence_penalty", 1.5),
+    ("structured_outputs", {"choice": ["red", "blue"]}),
+]
+
+
+def captured(gateway: RunningGateway, body: dict[str, Any]) -> CallRecord:
+    rollout_id = new_rollout(gateway)
+    with gateway.agent(rollout_id) as agent:
+        answer = agent.post(gateway.proxy_path(rollout_id), json=body)
+    assert answer.status_code == 200, answer.text
+    (call,) = calls_of(gateway, rollout_id)
+    assert call.response_logprobs is not None
+    return call
+
+
+@pytest.mark.parametrize(("name", "value"), BIASING_PARAMETERS)
+def test_enforce_removes_a_parameter_that_biases_vllms_log_probs_and_allow_shows_the_bias_is_real(
+    gateway: RunningGateway, allow_gateway: RunningGateway, name: str, value: Any
+) -> None:
+    """Under Enforce (the module's gateway) the agent's biased call is captured exactly as its plain call with
+    the same seed: the tokens and log-probs of the policy the trainer recomputes. Under Allow the same biased
+    call reaches vLLM, and what vLLM samples and reports differs: the bias the gateway removes is real."""
+    plain = {"messages": MESSAGES, "max_tokens": 24, "seed": 53}
+    biased = {**plain, name: value}
+    reference = captured(gateway, plain)
+    enforced = captured(gateway, biased)
+    assert enforced.response_token_ids == reference.response_token_ids
+    assert_close(enforced.response_logprobs, list(reference.response_logprobs or ()))
+    assert enforced.agent_sampling == {name: value}
+    assert enforced.request.get(name) == reference.request.get(name)  # gone, or repetition_penalty 1
+
+    allowed = captured(allow_gateway, biased)
+    assert allowed.request[name] == value
+    assert allowed.agent_sampling is None
+    assert reference.response_logprobs is not None
+    assert allowed.response_logprobs is not None
+    if allowed.response_token_ids == reference.response_token_ids:
+        worst = max(
+            abs(a - b) for a, b in zip(allowed.response_logprobs, reference.response_logprobs, strict=True)
+        )
+        assert worst > 100 * LOGPROB_TOLERANCE, f"{name}={value!r} moved vLLM's log-probs by only {worst}"
+    # Else the bias changed what vLLM sampled: a different sample altogether.
+
+
+def test_reject_lets_neutral_values_reach_vllm(vllm_server: VllmServer, tmp_path: Path) -> None:
+    """Neutral values of the owned parameters pass Reject, and vLLM takes what the gateway sends with them
+    (min_p 0 and repetition_penalty 1 set on every call)."""
+    running = start_gateway(vllm_server, tmp_path, "--sampling-params=Reject", "--capture=full")
+    try:
+        neutral = {
+            "logit_bias": {},
+            "min_tokens": 0,
+            "repetition_penalty": 1,
+            "min_p": 0,
+            "frequency_penalty": 0,
+            "presence_penalty": 0,
+            "bad_words": [],
+            "response_format": {"type": "text"},
+        }
+        plain = {"messages": MESSAGES, "max_tokens": 12, "seed": 59}
+        reference = captured(running, plain)
+        call = captured(running, {**plain, **neutral})
+        assert call.response_token_ids == reference.response_token_ids
+        assert_close(call.response_logprobs, list(reference.response_logprobs or ()))
+        assert reference.request["min_p"] == 0.0
+        assert reference.request["repetition_penalty"] == 1.0
+    finally:
+        running.process.stop()
+
+
 # -- abort at a pause ----------------------------------------------------------------------------------------
 
 
@@ -363,12 +452,12 @@ def _finished(gateway: RunningGateway, rollout_id: str, reward: float = 1.0) -> 
 
 
 def test_a_multi_turn_sdk_agent_becomes_one_row_holding_the_tokens_vllm_saw(
-    gateway: RunningGateway, im_end: int
+    allow_gateway: RunningGateway, im_end: int
 ) -> None:
     """Three turns with the OpenAI SDK; the trainer's adapter merges them into one trajectory row whose
     tokens are exactly vLLM's last prompt plus its last answer, with only vLLM's own samples trained on."""
-    rollout_id = new_rollout(gateway)
-    client = sdk_client(gateway, rollout_id)
+    rollout_id = new_rollout(allow_gateway)
+    client = sdk_client(allow_gateway, rollout_id)
     messages: list[dict[str, str]] = [{"role": "user", "content": "Say a word."}]
     for turn in range(3):
         reply = client.chat.completions.create(
@@ -382,7 +471,7 @@ def test_a_multi_turn_sdk_agent_becomes_one_row_holding_the_tokens_vllm_saw(
             {"role": "assistant", "content": reply.choices[0].message.content or ""},
             {"role": "user", "content": f"And another, number {turn + 2}."},
         ]
-    document = _finished(gateway, rollout_id, reward=0.75)
+    document = _finished(allow_gateway, rollout_id, reward=0.75)
     calls = list(document.model_calls)
     assert len(calls) == 3
     result = adapt_rollout(document, group_id="g1", config=AdapterConfig())
@@ -402,14 +491,14 @@ def test_a_multi_turn_sdk_agent_becomes_one_row_holding_the_tokens_vllm_saw(
 
 
 def test_a_finished_turn_ends_with_its_stop_token_so_the_policy_learns_to_end_turns(
-    gateway: RunningGateway, im_end: int
+    allow_gateway: RunningGateway, im_end: int
 ) -> None:
     """A reply that stopped on `<|im_end|>` keeps that token among the sampled ids (vLLM includes a stop
     token from the model's generation config), so the row trains on ending the turn rather than masking it."""
-    rollout_id = new_rollout(gateway)
-    with gateway.agent(rollout_id) as agent:
+    rollout_id = new_rollout(allow_gateway)
+    with allow_gateway.agent(rollout_id) as agent:
         answer = agent.post(
-            gateway.proxy_path(rollout_id),
+            allow_gateway.proxy_path(rollout_id),
             json={
                 "messages": MESSAGES,
                 "max_tokens": 64,
@@ -422,7 +511,7 @@ def test_a_finished_turn_ends_with_its_stop_token_so_the_policy_learns_to_end_tu
     assert answer.status_code == 200, answer.text
     choice = answer.json()["choices"][0]
     assert choice["finish_reason"] == "stop"
-    (call,) = calls_of(gateway, rollout_id)
+    (call,) = calls_of(allow_gateway, rollout_id)
     assert call.response_token_ids is not None
     assert call.response_token_ids[-1] == im_end
     assert "<|im_end|>" not in (choice["message"]["content"] or "")
@@ -468,14 +557,14 @@ def test_captured_log_probs_equal_the_trainers_recomputation_at_the_runs_tempera
 
 
 def test_replies_that_do_not_survive_decoding_break_the_trajectory_but_lose_no_sampled_token(
-    gateway: RunningGateway,
+    allow_gateway: RunningGateway,
 ) -> None:
     """Unconstrained, the random tiny model emits bytes that are not valid UTF-8: the agent gets U+FFFD in the
     text, sends that back, and vLLM's next prompt is not the previous prompt plus the sampled ids (as happens
     with real models when an agent edits or re-formats a reply). The adapter must then start a new row,
     never train on ids vLLM did not sample, and lose no sampled id."""
-    rollout_id = new_rollout(gateway)
-    client = sdk_client(gateway, rollout_id)
+    rollout_id = new_rollout(allow_gateway)
+    client = sdk_client(allow_gateway, rollout_id)
     messages: list[dict[str, str]] = [{"role": "user", "content": "Say a word."}]
     replies = []
     for turn in range(3):
@@ -492,7 +581,7 @@ def test_replies_that_do_not_survive_decoding_break_the_trajectory_but_lose_no_s
             {"role": "user", "content": "Again."},
         ]
     assert any("\ufffd" in reply for reply in replies), f"every reply decoded cleanly: {replies!r}"
-    document = _finished(gateway, rollout_id)
+    document = _finished(allow_gateway, rollout_id)
     calls = list(document.model_calls)
     result = adapt_rollout(document, group_id="g1", config=AdapterConfig())
     assert result.counts.trajectory_breaks >= 1
