@@ -3,6 +3,10 @@
 # model created locally (no download). Prints the six window metrics and step times per step.
 #
 #   benchmarks/gpu_smoke.sh [--work-dir DIR] [--steps N] [--timeout-seconds S]
+#   benchmarks/gpu_smoke.sh --packed-attention-only    # torch + a GPU only: SDPA on packed rows (below)
+#
+# First, always: benchmarks/packed_attention.py, the training attention the verl backend's defaults use (SDPA
+# on packed rows, 4k-16k tokens): it needs only torch and a GPU, so it runs even where vLLM and verl do not.
 #
 # Needs an NVIDIA GPU and a Python with this checkout installed as '.[trainer,gpu]' (PYTHON, default
 # .venv/bin/python, else python3). Not part of `make test`: CI machines have no GPU. See benchmarks/README.md.
@@ -16,10 +20,16 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   exit 2
 fi
 nvidia-smi -L
+echo "== SDPA on packed training rows (benchmarks/packed_attention.py)"
+"$PYTHON" benchmarks/packed_attention.py || packed_failed=1
+if [[ "${1:-}" == "--packed-attention-only" ]]; then
+  exit "${packed_failed:-0}"
+fi
 if ! "$PYTHON" -c "import asyncrl, verl, vllm, torch; assert torch.cuda.is_available()" 2>/dev/null; then
   echo "gpu_smoke: $PYTHON lacks asyncrl, verl, vllm or CUDA torch; install it with" >&2
   echo "  $PYTHON -m pip install -e '.[trainer,gpu]' --constraint trainer_image/constraints.txt" >&2
   exit 2
 fi
 "$PYTHON" -c "import torch, verl, vllm; print(f'torch {torch.__version__}, verl {verl.__version__}, vllm {vllm.__version__}')"
-exec "$PYTHON" benchmarks/gpu_smoke.py "$@"
+"$PYTHON" benchmarks/gpu_smoke.py "$@" || exit $?
+exit "${packed_failed:-0}"
