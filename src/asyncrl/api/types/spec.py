@@ -631,11 +631,13 @@ class GatewaySpec(ApiModel):
     sampling_params: SamplingParamsPolicy = Field(
         default=SamplingParamsPolicy.ENFORCE,
         description=(
-            "The agents' temperature/top_p/top_k on train-mode calls: `Enforce` replaces them with the run's "
-            "rollout settings (actor_rollout_ref.rollout.* in verlOverrides; verl's defaults 1.0, 1.0, -1) "
-            "and "
-            "records what the agent asked for, `Reject` answers 400 to calls that ask for other values, "
-            "`Allow` forwards them (the importance weights are then biased)."
+            "The request parameters of train-mode calls that change the distribution vLLM samples from: "
+            "temperature/top_p/top_k, penalties, min_p, logit_bias, bad_words, allowed_token_ids, "
+            "min_tokens, structured output, a forcing tool_choice (docs/writing-an-agent.md#sampling-"
+            "parameters). `Enforce` sends the run's rollout settings (actor_rollout_ref.rollout.* in "
+            "verlOverrides; verl's defaults 1.0, 1.0, -1) and removes the rest, recording what the agent "
+            "asked for; `Reject` answers 400 to calls that ask for other values; `Allow` forwards them (the "
+            "importance weights are then biased)."
         ),
     )
     capture: CaptureMode = Field(
