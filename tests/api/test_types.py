@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from asyncrl.api import AsyncTrainingRunSpec, InvalidRunError, check_update, crd, load_run
 from asyncrl.api.types import TrainerBackend
+from asyncrl.api.types.tool_call_parsers import TOOL_CALL_PARSER_VALUES
 from asyncrl.trainer.window import StalenessPolicy, WindowConfig
 
 from .conftest import load_example
@@ -225,6 +226,25 @@ def test_an_unknown_field_is_told_the_closest_known_name_at_its_level() -> None:
         "spec.data.shufle: unknown field; did you mean shuffle?",
         "spec.rollout.samplesPerPromt: unknown field; did you mean samplesPerPrompt?",
     ]
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "granite-20b-fc", "Disabled"])
+def test_a_tool_call_parser_vllm_knows_or_disabled_is_accepted(parser: str) -> None:
+    spec = {**REQUIRED_ONLY_SPEC, "model": {"name": "m", "path": "/m", "toolCallParser": parser}}
+    assert load_run(_manifest(spec)).spec.model.tool_call_parser == parser
+
+
+def test_a_misspelt_tool_call_parser_is_refused_with_the_nearest_name() -> None:
+    spec = {**REQUIRED_ONLY_SPEC, "model": {"name": "m", "path": "/m", "toolCallParser": "hermse"}}
+    (error,) = _errors(_manifest(spec))
+    assert error.startswith("spec.model.toolCallParser: ")
+    assert "'hermse' is not one of vLLM 0.24's tool-call parsers; did you mean 'hermes'?" in error
+
+
+def test_the_crd_lists_the_tool_call_parsers_the_api_accepts() -> None:
+    schema = SPEC_SCHEMA["properties"]["model"]["properties"]["toolCallParser"]
+    assert schema["enum"] == list(TOOL_CALL_PARSER_VALUES)
+    assert schema["default"] == "hermes"
 
 
 def test_python_code_may_use_snake_case_names() -> None:

@@ -89,6 +89,27 @@ def test_a_plus_adds_a_key_verl_does_not_declare() -> None:
 
 
 @pytest.mark.parametrize(
+    ("parser", "engine_kwargs"),
+    [
+        (None, {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}),  # the default
+        ("llama3_json", {"enable_auto_tool_choice": True, "tool_call_parser": "llama3_json"}),
+        # verl drops None and writes no flag for False: vLLM starts without tool parsing.
+        ("Disabled", {"enable_auto_tool_choice": False, "tool_call_parser": None}),
+    ],
+)
+def test_the_tool_call_parser_is_in_the_engine_kwargs_verl_turns_into_vllms_flags(
+    parser: str | None, engine_kwargs: dict
+) -> None:
+    """verl 0.9.1's vLLMHttpServer.launch_server passes rollout.engine_kwargs.vllm to vLLM's server as its
+    command-line flags; without --enable-auto-tool-choice and --tool-call-parser, calls with tools get 400."""
+    model = {"name": "policy", "path": "/models/qwen"} | ({"toolCallParser": parser} if parser else {})
+    added = "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space"  # the user's own engine flags stay
+    config = verl_config(model=model, trainer={"verlOverrides": {added: 4}})
+    vllm = config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert dict(vllm) == {"swap_space": 4, **engine_kwargs}
+
+
+@pytest.mark.parametrize(
     ("overrides", "named"),
     [
         ({"data.train_batch_size": 8}, "spec.trainBatchSize"),
@@ -101,6 +122,18 @@ def test_a_plus_adds_a_key_verl_does_not_declare() -> None:
         ({"actor_rollout_ref.rollout.logprobs_mode": "raw_logprobs"}, "the sampled distribution"),
         ({"data.max_prompt_length": 2048}, "spec.data.maxPromptLength"),
         ({"data": {"max_response_length": 2048}}, "spec.data.maxResponseLength"),
+        (
+            {"+actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser": "llama3_json"},
+            "spec.model.toolCallParser",
+        ),
+        (
+            {
+                "actor_rollout_ref": {
+                    "rollout": {"engine_kwargs": {"vllm": {"enable_auto_tool_choice": False}}}
+                }
+            },
+            "spec.model.toolCallParser",
+        ),
     ],
 )
 def test_keys_the_run_owns_are_rejected_when_the_manifest_is_loaded(overrides: dict, named: str) -> None:
