@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from asyncrl.gateway.client import GatewayClient
+from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.backends import UpdateMetrics
 from asyncrl.trainer.checkpoints import LoopState, save_checkpoint
 from asyncrl.trainer.data import PromptSource
-from asyncrl.trainer.loop import LoopSettings, StepLoop
+from asyncrl.trainer.loop import RESUME_RETRY_FIRST_SECONDS, LoopSettings, StepLoop
 from asyncrl.trainer.metrics import MetricsSinks
 from asyncrl.trainer.rows import TrainingRow
 from asyncrl.trainer.window import WindowConfig
@@ -171,3 +171,34 @@ def test_the_last_step_is_saved_once_and_with_the_gateway_paused(
 
     asyncio.run(scenario())
     assert backend.calls == saves
+
+
+class FirstResumeFailsClient(GatewayClient):
+    """The real client, whose first resume fails as a gateway busy for a moment answers (503)."""
+
+    failed = 0
+
+    async def resume(self, *, model_version: int | None = None) -> Any:
+        if not self.failed:
+            self.failed += 1
+            raise GatewayError(503, "busy", None)
+        return await super().resume(model_version=model_version)
+
+
+def test_a_step_whose_resume_fails_still_leaves_the_gateway_open(
+    gateway: RunningGateway, tmp_path: Path
+) -> None:
+    """Before, a failed resume was only logged: the gateway stayed paused through the next collection and
+    held every agent call until its hold timeout. Now it is sent again, first after RESUME_RETRY_FIRST_SECONDS
+    (0.05 s, so within a second on any machine that answers at all)."""
+    backend = RecordingBackend(gateway.url, gateway.key)
+
+    async def scenario() -> None:
+        async with FirstResumeFailsClient(gateway.url, gateway.key) as client:
+            await client.pause(reason="the update", wait_seconds=1)
+            await loop_on(client, backend, tmp_path / "checkpoints", every=1)._resume_confirmed(step=0)
+            assert client.failed == 1
+            assert not (await client.state()).paused
+
+    assert RESUME_RETRY_FIRST_SECONDS <= 0.1
+    asyncio.run(scenario())

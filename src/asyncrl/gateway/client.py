@@ -76,6 +76,13 @@ class EventsBatch:
         )
 
 
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+# A reset or refused connection, before any answer: the request may be sent again if it is idempotent.
+RETRYABLE_ERRORS = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+CONNECTION_RETRIES = 3
+CONNECTION_RETRY_SECONDS = 0.05
+
+
 class GatewayClient:
     """`async with GatewayClient(url, key) as gateway: ...`"""
 
@@ -96,8 +103,21 @@ class GatewayClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _request(self, method: str, path: str, *, wait: float = 0.0, **kwargs: Any) -> httpx.Response:
-        response = await self._http.request(method, path, timeout=self._timeout + wait, **kwargs)
+    async def _request(
+        self, method: str, path: str, *, wait: float = 0.0, idempotent: bool | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """One call; an idempotent one (GET/PUT/DELETE, or marked) is sent again when its connection was reset
+        or refused before an answer came (a pooled connection the server closed as it was reused)."""
+        retry = idempotent if idempotent is not None else method in IDEMPOTENT_METHODS
+        attempts = CONNECTION_RETRIES + 1 if retry else 1
+        for attempt in range(attempts):
+            try:
+                response = await self._http.request(method, path, timeout=self._timeout + wait, **kwargs)
+                break
+            except RETRYABLE_ERRORS:
+                if attempt + 1 == attempts:
+                    raise
+                await asyncio.sleep(CONNECTION_RETRY_SECONDS * (attempt + 1))
         if response.status_code >= 400:
             try:
                 body = response.json()
@@ -126,6 +146,7 @@ class GatewayClient:
             "POST",
             "/proxy/pause",
             wait=wait_seconds,
+            idempotent=True,  # a second pause while paused keeps the gateway paused
             params={"wait": wait_seconds},
             json={"reason": reason, "retry_after_seconds": retry_after_seconds, "abort": abort},
         )
@@ -142,7 +163,9 @@ class GatewayClient:
         )
 
     async def resume(self, *, model_version: int | None = None) -> PauseView:
-        response = await self._request("POST", "/proxy/resume", json={"model_version": model_version})
+        response = await self._request(
+            "POST", "/proxy/resume", idempotent=True, json={"model_version": model_version}
+        )
         return PauseView.model_validate(response.json())
 
     async def state(self) -> PauseView:

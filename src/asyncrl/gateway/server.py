@@ -25,6 +25,9 @@ from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 
 logger = logging.getLogger(__name__)
 
+# Idle keep-alive connections are closed after this; see the uvicorn.Config below for why it is not 5 s.
+KEEP_ALIVE_SECONDS = 75
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -216,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
             lifespan="on",
             interface="asgi3",
             proxy_headers=False,
+            # Longer than every client's pool keeps an idle connection (httpx 5 s, aiohttp 15 s): a client
+            # then never sends on a connection the gateway is closing (uvicorn's default, 5 s, raced httpx).
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
             loop="auto",
             http="auto",
         ),

@@ -59,6 +59,8 @@ MAX_GATEWAY_RECOVERIES_PER_STEP = 10  # more means the gateway fails for another
 # What a gateway that died or restarted looks like to a call: no connection, or a 5xx while it starts.
 # A 404 for a rollout we created means the same once the instance id confirms a restart.
 GatewayFailure = (httpx.TransportError, GatewayError)
+RESUME_RETRY_FIRST_SECONDS = 0.05
+RESUME_RETRY_MAX_SECONDS = 2.0
 
 
 class GatewayRestarted(RuntimeError):
@@ -362,7 +364,7 @@ class StepLoop:
         if self.settings.checkpoint_dir is not None and self.step % self.settings.checkpoint_every_steps == 0:
             await self._save_checkpoint(consumed=batch.consumed)
         try:
-            await self.gateway.resume(model_version=self.backend.model_version)
+            await self._resume_confirmed(step)
             await self.gateway.delete_rollouts(consumed_ids)
             await self.gateway.put_summary(
                 summary.window_summary(
@@ -496,6 +498,34 @@ class StepLoop:
         await self.gateway.resume(model_version=self.backend.model_version)
 
     # -- pieces -------------------------------------------------------------------------------------------
+
+    async def _resume_confirmed(self, step: int) -> None:
+        """Resume the gateway at the new version, retried until it answers that it is open.
+
+        A resume that fails (a reset connection, a gateway busy for a moment) would otherwise leave the
+        gateway paused through the next collection, every agent call held until the hold timeout. Gives up
+        only after `gateway_wait_seconds`, raising the last failure (the next step then resyncs).
+        """
+        delay, deadline = RESUME_RETRY_FIRST_SECONDS, time.monotonic() + self.settings.gateway_wait_seconds
+        while True:
+            try:
+                view = await self.gateway.resume(model_version=self.backend.model_version)
+                if not view.paused:
+                    return
+                failure: Exception = GatewayError(
+                    200, "the gateway still reports paused after the resume", None
+                )
+            except GatewayFailure as error:
+                if isinstance(error, GatewayError) and error.status < 500:
+                    raise
+                failure = error
+            if time.monotonic() + delay > deadline:
+                raise failure
+            logger.warning(
+                "step %d: resuming the gateway failed (%s); retrying in %.1fs", step, failure, delay
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESUME_RETRY_MAX_SECONDS)
 
     async def _save_checkpoint(self, *, consumed: Sequence[Group]) -> None:
         """A checkpoint of the current step, once: the last step's may already be saved by the step loop."""
