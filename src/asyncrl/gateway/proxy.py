@@ -38,6 +38,7 @@ from asyncrl.gateway.store import CapturedCall, CaptureFull, RolloutStore, Unkno
 from asyncrl.gateway.streaming import StreamAssembly, include_usage
 from asyncrl.pausing import PauseMode
 
+UPSTREAM_KEEP_ALIVE_SECONDS = 3.0  # below vLLM's 5 s keep-alive: see ProxyHandler.start
 logger = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
@@ -103,7 +104,12 @@ class ProxyHandler:
         metrics.held.set_function(lambda: len(self.held))
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        # Idle upstream connections are dropped before vLLM's server closes them (its keep-alive timeout,
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s; aiohttp's own default, 15 s, would reuse connections vLLM is
+        # closing, and an agent's call sent on one gets a reset it cannot safely retry).
+        connector = aiohttp.TCPConnector(
+            limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEP_ALIVE_SECONDS
+        )
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_seconds)
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=True)
 
