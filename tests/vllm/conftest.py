@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.testing.vllm_cpu import VllmServer, VllmVenv, find_vllm_venv, start_vllm_server
+from asyncrl.testing.vllm_cpu import VllmServer, VllmVenv, engine_flags, find_vllm_venv, start_vllm_server
 from asyncrl.testing.vllm_weights import DEV_MODE_ENV
+from tests.trainer.backends.verl_support import verl_config
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
@@ -44,6 +45,13 @@ def tiny_model_dir(vllm_venv: VllmVenv, tmp_path_factory: pytest.TempPathFactory
     return directory
 
 
+def backend_engine_flags(model_dir: Path) -> list[str]:
+    """The flags verl adds to its vLLM server from the config our Verl backend composes for a run on this
+    model (`engine_kwargs.vllm`: the tool-call parser of spec.model.toolCallParser, its default here)."""
+    config = verl_config(model={"name": SERVED_MODEL, "path": str(model_dir)})
+    return engine_flags(config.actor_rollout_ref.rollout.engine_kwargs.vllm)
+
+
 @pytest.fixture(scope="package")  # stopped when tests/vllm is done, not at the end of the whole suite
 def vllm_server(
     vllm_venv: VllmVenv, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -55,6 +63,7 @@ def vllm_server(
         log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
         src_dir=SRC,
         max_model_len=MAX_MODEL_LEN,
+        extra_args=backend_engine_flags(tiny_model_dir),  # as verl starts vLLM: without them, tools get 400
         env=DEV_MODE_ENV,  # the engine calls verl makes (/pause?mode=abort, /resume) are tested here too
     )
     yield server

@@ -30,6 +30,7 @@ Replaced, and why:
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,6 +55,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 LAUNCH_TIMEOUT_SECONDS = 900.0  # vLLM's start: about a minute on two idle cores, CI shares them
 MODEL_VERSION = 1  # the version our backend passes to update_weights after the first update
 MESSAGES = [{"role": "user", "content": "Name two colours."}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Oslo"]}},
+            "required": ["city"],
+        },
+    },
+}
 
 # What our backend's sleep() and wake() (backend.py, _sleep_blocking and _wake_blocking) reach on the server
 # actor: one replica on one node, HYBRID mode (actor and rollout collocated), checkpoint engine "naive" and
@@ -124,6 +136,7 @@ def verl_server(
     config = cpu_verl_config(tiny_model_dir)
     rollout = config.actor_rollout_ref.rollout
     assert (rollout.checkpoint_engine.backend, rollout.free_cache_engine) == ("naive", True)
+    assert rollout.engine_kwargs.vllm == {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
     config_path = directory / "verl.yaml"
     OmegaConf.save(config, config_path, resolve=True)
     process = VerlServerProcess(
@@ -184,6 +197,19 @@ def agent_chat(gateway: RunningGateway, rollout_id: str, *, seed: int) -> CallRe
     return call
 
 
+def agent_tools_call(gateway: RunningGateway, rollout_id: str, *, mode: str, **body: Any) -> dict[str, Any]:
+    """A chat call with `tools`; vLLM's answer, which must be 200 (vLLM started without a tool-call parser
+    answers 400: `"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set`)."""
+    with gateway.management() as admin:
+        create_rollouts(admin, rollout_id)
+    request = {"messages": MESSAGES, "tools": [WEATHER_TOOL], "max_tokens": 400, "seed": 4, **body}
+    with gateway.agent(rollout_id) as agent:
+        answer = agent.post(gateway.proxy_path(rollout_id, mode=mode), json=request, timeout=300)
+    assert answer.status_code == 200, answer.text
+    reply: dict[str, Any] = answer.json()
+    return reply
+
+
 def assert_captured(call: CallRecord, model: str) -> None:
     """The gateway forwarded to verl's server under its model name and captured what vLLM answered."""
     assert call.request["model"] == model
@@ -211,6 +237,16 @@ def test_verl_server_serves_the_gateway_and_answers_after_the_update_calls(
     started = time.monotonic()
     assert_captured(agent_chat(gateway, "before-update", seed=1), model)
     print(f"chat through the gateway: {time.monotonic() - started:.1f}s")
+
+    # verl started vLLM with the tool-call parser of our config (engine_kwargs.vllm, from
+    # spec.model.toolCallParser): a train-mode call with tools (automatic choice) is answered, and a
+    # validation call naming the function gets the call parsed by the parser.
+    agent_tools_call(gateway, "with-tools", mode="train")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    forced = agent_tools_call(gateway, "named-tool", mode="val", tool_choice=named)
+    (tool_call,) = forced["choices"][0]["message"]["tool_calls"]
+    assert tool_call["function"]["name"] == "get_weather"
+    assert json.loads(tool_call["function"]["arguments"]) == {"city": "Oslo"}
 
     # 3. One step's calls, in the step loop's order: pause the gateway (drained), the backend's sleep(),
     # (the update), its wake(), resume the gateway.

@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from asyncrl.launch.processes import free_port
 from asyncrl.testing.processes import ServerProcess, start_server
@@ -69,6 +70,25 @@ class VllmVenv:
                 f"{completed.stdout}\n{completed.stderr}"
             )
         return completed
+
+
+def engine_flags(engine_kwargs: Mapping[str, Any]) -> list[str]:
+    """vLLM server flags from verl's `actor_rollout_ref.rollout.engine_kwargs.vllm`, as verl 0.9.1 writes
+    them (verl/workers/rollout/vllm_rollout/utils.py, `build_cli_args_from_config`, which imports vLLM and so
+    cannot run in the project's venv): None and False are left out, True is a bare flag, other scalars follow
+    their flag. (verl writes `--no-KEY` for a false engine flag whose vLLM default is true; none is set here.)
+    """
+    flags: list[str] = []
+    for key, value in engine_kwargs.items():
+        if value is None or value is False:
+            continue
+        if value is True:
+            flags.append(f"--{key}")
+        elif isinstance(value, str | int | float):
+            flags += [f"--{key}", str(value)]
+        else:
+            raise ValueError(f"engine_kwargs.vllm.{key}: {value!r}; only scalars are written here")
+    return flags
 
 
 def find_vllm_venv(repo_root: Path) -> VllmVenv | None:
