@@ -8,12 +8,24 @@ from fastapi import FastAPI
 
 from asyncrl.gateway.api import build_api
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.door import BODY_METHODS, Refused, authorize, parse_json, read_body, replay, route_access
+from asyncrl.gateway.door import (
+    BODY_METHODS,
+    CLIENT_GONE,
+    ClientGone,
+    Refused,
+    authorize,
+    parse_json,
+    read_body,
+    replay,
+    route_access,
+)
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.paths import PROXY_PREFIX
 from asyncrl.gateway.pause import PauseState
 from asyncrl.gateway.proxy import ProxyHandler, Receive, Scope, Send, send_json
 from asyncrl.gateway.store import RolloutStore
+
+DOOR_ROUTE = "door"  # the metric's route for requests refused or abandoned before their handler
 
 
 @dataclass
@@ -52,6 +64,9 @@ class Gateway:
             if refused.rejection_reason is not None:
                 self.metrics.rejections.labels(refused.rejection_reason).inc()
             await send_json(send, refused.status, refused.body, refused.headers)
+            return
+        except ClientGone:  # left mid-body: nothing to answer, nothing went wrong here
+            self.metrics.requests.labels(DOOR_ROUTE, str(CLIENT_GONE)).inc()
             return
         await self.api(scope, replay(body, receive), send)
 

@@ -17,7 +17,6 @@ dependencies in `api.py` repeat the same rule as a second line of defence.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import math
@@ -37,6 +36,13 @@ _ROLLOUT_READ = re.compile(r"^/api/rollouts/(?P<rollout_id>[^/]+)$")
 _ROLLOUT_EVENTS = re.compile(r"^/api/rollouts/(?P<rollout_id>[^/]+)/attempt/[^/]+/events$")
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _FIELD_PARTS_SHOWN = 8
+
+
+CLIENT_GONE = 499  # the metric's status for a request whose client disconnected (nothing is sent)
+
+
+class ClientGone(Exception):
+    """The client disconnected (mid-body, or while its call was held): there is no one to answer."""
 
 
 class Refused(Exception):
@@ -134,7 +140,7 @@ async def read_body(receive: Receive, *, limit: int, declared_length: str | None
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError("client disconnected")
+            raise ClientGone()
         chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:

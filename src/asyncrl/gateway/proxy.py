@@ -27,7 +27,15 @@ import aiohttp
 
 from asyncrl.gateway.capture import capture_call, request_overrides
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.door import Refused, RouteAccess, authorize, parse_json, read_body
+from asyncrl.gateway.door import (
+    CLIENT_GONE,
+    ClientGone,
+    Refused,
+    RouteAccess,
+    authorize,
+    parse_json,
+    read_body,
+)
 from asyncrl.gateway.hold import HeldCalls, HoldRefused
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.paths import parse_proxy_path
@@ -47,11 +55,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 ROUTE = "proxy"
-CLIENT_GONE = 499  # the metric's status for a held call whose client disconnected (nothing is sent)
-
-
-class ClientGone(Exception):
-    """The client disconnected while its call was held; there is no one to answer."""
 
 
 class Upstreams:
@@ -440,9 +443,13 @@ class ProxyHandler:
             await asyncio.wait({held, disconnect}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             disconnect.cancel()
-            if not held.done():
+            client_left = not held.done()
+            if client_left:
                 held.cancel()
-        if held.cancelled():
+        if client_left or held.cancelled():
+            # The wait leaves the queue once its cancellation is delivered; wait for that (asyncio.wait never
+            # raises it here), then answer no one. Reading held.result() now raised InvalidStateError (a 500).
+            await asyncio.wait({held})
             raise ClientGone()
         try:
             self.metrics.hold_wait.observe(held.result())
