@@ -15,7 +15,7 @@ import yaml
 
 from asyncrl.api import load_run
 from asyncrl.trainer.backends.verl.resources import RayResourcesError, cgroup_cpu_limit, plan_ray_cpus
-from asyncrl.trainer.preflight import GPU_STACK_PINS, Probes, failures, run_checks
+from asyncrl.trainer.preflight import GPU_STACK_PINS, Probes, failures, node_checks, run_checks
 from tests.support.kube import run_manifest
 from tests.trainer.backends.verl_support import verl_manifest
 
@@ -160,3 +160,51 @@ def test_the_cli_refuses_a_gpu_run_verl_would_fail_at_its_first_update(tmp_path:
     output = refused.stdout + refused.stderr
     assert "spec.trainBatchSize: verl trains on trainBatchSize x rollout.samplesPerPrompt = 2 x 3" in output
     assert "set spec.trainBatchSize to 4, or spec.rollout.samplesPerPrompt to 4 or 2" in output
+
+
+def test_a_multi_node_runs_driver_checks_what_the_driver_uses_and_not_cuda_ray_cpus_or_shm(
+    tmp_path: Path,
+) -> None:
+    """The driver container of a nodes: 2 run has no GPU, no CPU limit sized for Ray and a small /dev/shm
+    (fake probes: this machine has no GPU either); none of that is its to hold, so it passes. The same
+    container for a one-node run fails on each."""
+    gpu_less_driver = good_probes(
+        tmp_path,
+        cuda=lambda: (False, 0, "torch 2.11.0 sees no CUDA device"),
+        shm_bytes=lambda: 64 << 20,
+        node_cpus=2,
+        cgroup_root=tmp_path / "no-limit",
+    )
+    multi = verl_run(tmp_path, nodes=2, gpusPerNode=1, checkpoint={"claimName": "shared"})
+    checks = run_checks(multi, checkpoint_dir=tmp_path / "ckpt", probes=gpu_less_driver)
+    assert [check.name for check in checks] == ["packages", "model", "checkpoints"]
+    assert failures(checks) == []
+
+    (tmp_path / "single").mkdir()
+    single = verl_run(tmp_path / "single", gpus=1)
+    problems = failed(run_checks(single, checkpoint_dir=tmp_path / "ckpt", probes=gpu_less_driver))
+    assert list(problems) == ["cuda", "ray cpus", "/dev/shm"]
+
+
+def test_a_multi_node_drivers_packages_model_and_checkpoints_still_fail_with_the_fix(tmp_path: Path) -> None:
+    manifest = verl_manifest(trainer={"nodes": 2, "gpusPerNode": 1, "checkpoint": {"claimName": "shared"}})
+    manifest["spec"]["model"]["path"] = str(tmp_path / "absent")
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    probes = good_probes(tmp_path, version={**GPU_STACK_PINS, "vllm": None}.get)
+    problems = failed(run_checks(load_run(manifest), checkpoint_dir=blocked / "ckpt", probes=probes))
+    assert list(problems) == ["packages", "model", "checkpoints"]
+    assert "vllm missing" in problems["packages"]  # the driver loads vLLM's replica class (verl's replica.py)
+
+
+def test_a_ray_nodes_container_is_checked_for_its_gpus_per_node(tmp_path: Path) -> None:
+    """What the task on each Ray node runs there (fake probes: a node with one GPU of the two asked)."""
+    probes = good_probes(tmp_path, cuda=lambda: (True, 1, "CUDA 13.0"), shm_bytes=lambda: 1 * GiB)
+    checks = node_checks(
+        gpus=2, model_path=str(model_dir(tmp_path)), checkpoint_dir=tmp_path / "ckpt", probes=probes
+    )
+    assert [check.name for check in checks] == ["cuda", "gpus", "/dev/shm", "model", "checkpoints"]
+    problems = failed(checks)
+    assert list(problems) == ["gpus", "/dev/shm"]
+    assert "1 visible, spec.trainer.gpusPerNode is 2" in problems["gpus"]
+    assert "fix: set spec.trainer.gpusPerNode to the GPUs the pod gets" in problems["gpus"]

@@ -4,7 +4,8 @@ The trainer container restarts in place after an error (the pod's restartPolicy 
 a crash but not a wrong setting or a run whose agents never succeed. So the trainer sorts its failures:
 - a configuration error (bad manifest, data file, verl setting) exits with EXIT_CONFIG_ERROR,
 - a run that cannot progress (maxFailedSteps consecutive steps with nothing to train) with EXIT_RUN_FAILED,
-- anything else with 1, and the container is restarted.
+- anything else with 1, and the container is restarted (so does a Ray cluster whose nodes have not all
+  joined by the preflight's deadline: `ClusterNotReady`).
 Before exiting it leaves a `TrainerReport` with the gateway (which outlives the container); the operator
 turns a permanent one into the run's Failed phase and stops the trainer, and local mode does not restart it.
 """
@@ -26,3 +27,7 @@ PERMANENT_EXIT_CODES = frozenset({EXIT_CONFIG_ERROR, EXIT_RUN_FAILED})
 
 class RunFailed(RuntimeError):
     """The run cannot make progress; restarting the trainer would not change that."""
+
+
+class ClusterNotReady(RuntimeError):
+    """The run's Ray cluster is not all there yet (no head, a node missing); a restart waits for it again."""

@@ -22,7 +22,7 @@ from asyncrl.gateway.models import TrainerOutcome, TrainerReport
 from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.backends import TrainerBackend as Backend
 from asyncrl.trainer.data import DataError, PromptSource, load_rows_file
-from asyncrl.trainer.failures import EXIT_CODES, RunFailed
+from asyncrl.trainer.failures import EXIT_CODES, ClusterNotReady, RunFailed
 from asyncrl.trainer.loop import LoopSettings, StepLoop
 from asyncrl.trainer.metrics import (
     JsonLinesSink,
@@ -31,6 +31,7 @@ from asyncrl.trainer.metrics import (
     TrackingMode,
     VerlTrackingSink,
 )
+from asyncrl.trainer.preflight_cluster import DEFAULT_WAIT_SECONDS
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preflight",
         action="store_true",
         help="only check what the run needs here (packages, CUDA and GPUs, CPUs for Ray, /dev/shm, the "
-        "model, the checkpoint folder), one line per check; exit 1 when one fails (the trainer runs them "
-        "first anyway)",
+        "model, the checkpoint folder; with nodes > 1 the driver's own and, through Ray, every node's), one "
+        "line per check; exit 1 when one fails (the trainer runs them first anyway)",
+    )
+    parser.add_argument(
+        "--ray-cluster-wait-seconds",
+        type=float,
+        default=DEFAULT_WAIT_SECONDS,
+        help="with nodes > 1: how long the preflight waits for the Ray head and every node to join "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--inference-port",
@@ -198,16 +206,48 @@ def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks
     return MetricsSinks(sinks)
 
 
-def preflight(run: AsyncTrainingRun, checkpoint_dir: Path | None) -> list[Any]:
+def preflight(run: AsyncTrainingRun, args: argparse.Namespace) -> list[Any]:
+    """This container's checks; with nodes > 1 (this is the Ray driver) the Ray cluster's after them."""
     from asyncrl.trainer.preflight import run_checks, storage_units_from
 
-    return run_checks(run, checkpoint_dir=checkpoint_dir, storage_units=storage_units_from(run))
+    storage_units = storage_units_from(run)
+    checks = run_checks(run, checkpoint_dir=args.checkpoint_dir, storage_units=storage_units)
+    trainer = run.spec.trainer
+    if trainer.nodes > 1:
+        from asyncrl.trainer.backends.verl import cluster_probe
+        from asyncrl.trainer.backends.verl.cluster import ray_connection
+        from asyncrl.trainer.preflight_cluster import ClusterAccess, ClusterNeeds, check_ray_cluster
+
+        needs = ClusterNeeds(
+            nodes=trainer.nodes,
+            gpus_per_node=trainer.node_gpus,
+            storage_units=storage_units,
+            model_path=run.spec.model.path,
+            checkpoint_dir=args.checkpoint_dir,
+        )
+        address = ray_connection(nnodes=trainer.nodes, env=os.environ).address
+        assert address is not None  # nodes > 1 always joins a cluster
+        access = ClusterAccess(join=cluster_probe.join, wait_seconds=args.ray_cluster_wait_seconds)
+        checks += check_ray_cluster(needs, address=address, access=access)
+    return checks
+
+
+def stop_on_failures(checks: list[Any]) -> None:
+    """A failed check stops the trainer: as a configuration error (the run fails), or, when every failure
+    is transient (the Ray cluster not all there yet), as ClusterNotReady (restarted, it waits again)."""
+    from asyncrl.trainer.preflight import failures, report
+
+    problems = failures(checks)
+    if any(not check.transient for check in problems):
+        raise SystemExit(f"asyncrl trainer: preflight failed:\n{report(problems)}")
+    if problems:
+        raise ClusterNotReady(f"preflight failed:\n{report(problems)}")
 
 
 def run_preflight(args: argparse.Namespace) -> int:
     from asyncrl.trainer.preflight import failures, report
 
-    checks = preflight(load_manifest(args.config), args.checkpoint_dir)
+    checks = preflight(load_manifest(args.config), args)
     print(report(checks))
     return 1 if failures(checks) else 0
 
@@ -242,12 +282,11 @@ async def train(args: argparse.Namespace) -> int:
         run, inference_port=args.inference_port, checkpoint_dir=args.checkpoint_dir, prompt_count=len(rows)
     )
     # After the config check (a bad verl key is named first), before any model or GPU work.
-    from asyncrl.trainer.preflight import failures, report
+    from asyncrl.trainer.preflight import report
 
-    checks = preflight(run, args.checkpoint_dir)
+    checks = preflight(run, args)
     logger.info("preflight:\n%s", report(checks))
-    if failures(checks):
-        raise SystemExit(f"asyncrl trainer: preflight failed:\n{report(failures(checks))}")
+    stop_on_failures(checks)
     sinks = build_sinks(run, args)
     await backend.start()
     logger.info("model servers %s; gateway %s", ", ".join(backend.serve_urls), args.gateway_url)
@@ -283,6 +322,9 @@ def run(args: argparse.Namespace) -> int:
     except RunFailed as error:
         logger.error("the run failed: %s", error)
         return _exit_with(args, TrainerOutcome.RUN_FAILED, str(error))
+    except ClusterNotReady as error:
+        logger.error("the Ray cluster is not ready: %s", error)
+        return _exit_with(args, TrainerOutcome.FAILED, str(error))
     except Exception as error:
         logger.exception("the trainer failed")
         return _exit_with(args, TrainerOutcome.FAILED, f"{type(error).__name__}: {error}")

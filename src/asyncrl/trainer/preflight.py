@@ -4,6 +4,11 @@ The trainer also runs these checks first thing, so a pod that lacks a package, a
 bundles, shared memory, its model or a writable checkpoint folder fails at once with the fix, rather than
 after minutes of loading (or never: verl's placement groups wait forever for CPUs they cannot get).
 
+Each container is checked for what it holds. With one node the trainer container holds the GPUs and starts
+Ray itself: every check. With `spec.trainer.nodes > 1` it is the Ray driver in the head pod, without GPUs;
+it checks only what the driver uses, and the Ray nodes' containers, where verl's workers run, are checked
+through Ray (preflight_cluster.py runs `node_checks` on each node).
+
 Each check is a small function returning a `Check`; the probes that touch the machine (package versions,
 CUDA, /dev/shm, cgroups) are parameters, so the checks are tested on CPU with fake probes.
 """
@@ -48,6 +53,8 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    # A failure a restart may cure (the Ray cluster is still forming), not a setting to change.
+    transient: bool = False
 
     def line(self) -> str:
         text = f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
@@ -115,10 +122,11 @@ def check_packages(backend: TrainerBackend, probes: Probes) -> Check:
     return Check("packages", True, ", ".join(f"{name} {version}" for name, version in found.items()))
 
 
-def check_cuda(gpus: int, probes: Probes) -> list[Check]:
+def check_cuda(gpus: int, probes: Probes, *, field: str = "spec.trainer.gpus") -> list[Check]:
+    """`field`: the spec field that gives this container its GPUs (gpusPerNode on a Ray node)."""
     available, visible, description = probes.cuda()
     if not available:
-        fix = "run on a GPU node with the NVIDIA driver (the pod asks for spec.trainer.gpus nvidia.com/gpu)"
+        fix = f"run on a GPU node with the NVIDIA driver (the pod asks for {field} nvidia.com/gpu)"
         return [Check("cuda", False, description, fix)]
     checks = [Check("cuda", True, description)]
     if visible < gpus:
@@ -126,12 +134,12 @@ def check_cuda(gpus: int, probes: Probes) -> list[Check]:
             Check(
                 "gpus",
                 False,
-                f"{visible} visible, spec.trainer.gpus is {gpus}",
-                "set spec.trainer.gpus to the GPUs the pod gets, or check CUDA_VISIBLE_DEVICES",
+                f"{visible} visible, {field} is {gpus}",
+                f"set {field} to the GPUs the pod gets, or check CUDA_VISIBLE_DEVICES",
             )
         )
     else:
-        checks.append(Check("gpus", True, f"{visible} visible, spec.trainer.gpus is {gpus}"))
+        checks.append(Check("gpus", True, f"{visible} visible, {field} is {gpus}"))
     return checks
 
 
@@ -196,17 +204,38 @@ def run_checks(
     probes: Probes = MACHINE,
     storage_units: int = DEFAULT_STORAGE_UNITS,
 ) -> list[Check]:
+    """The checks of the container `asyncrl trainer` runs in, for what that container holds.
+
+    One node: the trainer container holds the GPUs and starts Ray sized to its cgroup, so everything. More
+    nodes: it is the Ray driver, without GPUs, and Ray's CPUs are the nodes' (preflight_cluster.py); the
+    driver itself needs the packages (verl loads vLLM's replica class in the driver), the model (verl reads
+    its tokenizer there) and the checkpoint folder.
+    """
     spec = run.spec
     backend = spec.trainer.backend
     checks = [check_packages(backend, probes)]
-    if backend is TrainerBackend.VERL:
+    if backend is TrainerBackend.VERL and spec.trainer.nodes == 1:
         gpus = spec.trainer.gpus
         checks += check_cuda(gpus, probes)
         checks.append(check_ray_cpus(gpus, storage_units, probes))
         checks.append(check_shm(gpus, probes))
+    if backend is TrainerBackend.VERL:
         checks.append(check_model_path(spec.model.path))
     checks.append(check_checkpoint_dir(checkpoint_dir))
     return checks
+
+
+def node_checks(
+    *, gpus: int, model_path: str, checkpoint_dir: Path | None, probes: Probes = MACHINE
+) -> list[Check]:
+    """What a Ray node's container must hold for verl's workers there; run on each node by a Ray task that
+    holds the node's GPUs (backends/verl/cluster_probe.py)."""
+    return [
+        *check_cuda(gpus, probes, field="spec.trainer.gpusPerNode"),
+        check_shm(gpus, probes),
+        check_model_path(model_path),
+        check_checkpoint_dir(checkpoint_dir),
+    ]
 
 
 def failures(checks: list[Check]) -> list[Check]:

@@ -45,6 +45,23 @@ def cpus_needed(*, gpus: int, storage_units: int) -> int:
     return TRANSFER_QUEUE_CONTROLLER_CPUS + storage_units + CPUS_PER_GPU_BUNDLE * gpus
 
 
+def cpus_needed_per_node(*, gpus_per_node: int, storage_units: int, nodes: int) -> int:
+    """CPUs every node of a multi-node cluster must hold: its placement group of `gpus_per_node` bundles
+    (verl asks for one STRICT_PACK group per node), its share of TransferQueue's storage units (spread
+    round-robin over the alive nodes: transfer_queue/utils/common.py) and the controller, which may land on
+    any node."""
+    share = math.ceil(storage_units / max(nodes, 1))
+    return TRANSFER_QUEUE_CONTROLLER_CPUS + share + CPUS_PER_GPU_BUNDLE * gpus_per_node
+
+
+def describe_cpus_per_node(*, gpus_per_node: int, storage_units: int, nodes: int) -> str:
+    share = math.ceil(storage_units / max(nodes, 1))
+    return (
+        f"{TRANSFER_QUEUE_CONTROLLER_CPUS} for TransferQueue's controller + {share} of its {storage_units} "
+        f"storage units over {nodes} nodes + {CPUS_PER_GPU_BUNDLE} x {gpus_per_node} GPU bundle(s)"
+    )
+
+
 def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """The CPU limit of this container (cgroup v2 `cpu.max`, else v1 CFS quota), or None when unlimited."""
     v2 = root / "cpu.max"
