@@ -43,6 +43,12 @@ BROKEN = {
         "spec.template.spec.hostNetwork: sharing the node's namespaces is not allowed; refused by the "
         "operator's --agent-pod-policy=restricted",
     ),
+    # a label key the API server refuses (not DNS-valid): every agent Job would get 422, so the run went on
+    # failing each rollout and consuming steps; the API server's own reason is named at the start
+    "label": (
+        AGENT_TEMPLATE.replace("kind: Job\n", "kind: Job\nmetadata:\n  labels: {'team name!': x}\n", 1),
+        'the API server rejects the agent Job the template gives: Invalid (422): Job.batch "label-r-',
+    ),
 }
 # Fast for the first row (so the start check passes), a 10**10-step loop for the second: every rollout of
 # that row runs into the render time limit while the operator serves other runs.
@@ -75,7 +81,9 @@ def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_jo
         status = wait_for_phase(
             api_client, namespace, name, "Failed", timeout=120, what=f"run {name} to fail"
         )
-        assert reason in status["message"], name
+        assert reason in status["message"], (name, status["message"])
+        if name == "label":
+            assert 'metadata.labels: Invalid value: "team name!"' in status["message"]
         valid = status_condition(status, "AgentTemplateValid") or {}
         assert (valid.get("status"), valid.get("reason")) == ("False", "TemplateError"), name
         assert reason in valid["message"], name

@@ -67,7 +67,7 @@ from asyncrl.operator.retry import (
     retry_transient,
 )
 from asyncrl.operator.status_writer import StatusWriter
-from asyncrl.operator.templates import TemplateError
+from asyncrl.operator.templates import TemplateError, sample_variables
 from asyncrl.rollouts import RolloutState
 
 logger = logging.getLogger(__name__)
@@ -318,16 +318,9 @@ class RunController:
         except TemplateError as error:
             await self._template_failed(rollout, str(error))
             return
-        settings = AgentJobSettings(
-            run_name=context.name,
-            namespace=context.namespace,
-            owner_reference=owner_reference(context.run),
-            timeout_seconds=int(rollout.timeout_seconds or context.spec.rollout_timeout_seconds),
-            ttl_seconds_after_finished=context.spec.agents.ttl_seconds_after_finished,
-        )
         job = shape_agent_job(
             rendered,
-            settings=settings,
+            settings=self._job_settings(rollout.timeout_seconds),
             rollout_id=rollout.rollout_id,
             group_id=rollout.group_id,
             attempt_id=ATTEMPT_ID,
@@ -344,6 +337,52 @@ class RunController:
         if self.template_error is not None:
             self.template_error = None
             self.status_writer.changed()
+
+    def _job_settings(self, timeout_seconds: float | None) -> AgentJobSettings:
+        context = self.context
+        return AgentJobSettings(
+            run_name=context.name,
+            namespace=context.namespace,
+            owner_reference=owner_reference(context.run),
+            timeout_seconds=int(timeout_seconds or context.spec.rollout_timeout_seconds),
+            ttl_seconds_after_finished=context.spec.agents.ttl_seconds_after_finished,
+        )
+
+    async def _api_server_refusal(self, first_row: Any) -> str | None:
+        """Why the API server refuses the agent Job the template gives for the run's first row (a dry-run
+        create: schema, label syntax, admission); None when it admits it or cannot be asked now.
+
+        A Job every rollout would get refused (a label key that is not DNS-valid: 422 each time) otherwise
+        failed every rollout while the run went on consuming steps."""
+        context = self.context
+        job_name = names.agent_job_name(context.name, "sample")
+        variables = sample_variables(
+            first_row,
+            run_name=context.name,
+            namespace=context.namespace,
+            job_name=job_name,
+            attempt_id=ATTEMPT_ID,
+        )
+        try:
+            rendered = await self.renderer.render(context.template_source, variables)
+        except TemplateError:
+            return None  # check_template reports template errors
+        job = shape_agent_job(
+            rendered,
+            settings=self._job_settings(None),
+            rollout_id="sample",
+            group_id="sample",
+            attempt_id=ATTEMPT_ID,
+            agent_env={},
+        )
+        try:
+            await self.kube.create_job(job, dry_run=True)
+        except Exception as error:
+            if kube_error_is_transient(error):
+                logger.info("run %s: the agent Job dry run was not answered: %s", context.name, error)
+                return None
+            return f"the API server rejects the agent Job the template gives: {one_line_reason(error)}"
+        return None
 
     async def _record_launch(self, rollout: RolloutView, job: JSON) -> bool:
         """Mark the rollout launched in the gateway (the launch record) and stamp the Job with it."""
@@ -423,6 +462,9 @@ class RunController:
             job_name=names.agent_job_name(context.name, "sample"),
             attempt_id=ATTEMPT_ID,
         )
+        # Only for a real row: a placeholder row's `<name>` values may be refused where real ones pass.
+        if reason is None and rows:
+            reason = await self._api_server_refusal(rows[0])
         if reason is None:
             return
         logger.warning("run %s: %s", context.name, reason)

@@ -126,13 +126,17 @@ class Kube:
 
     # -- agent Jobs ---------------------------------------------------------------------------------------
 
-    async def create_job(self, body: JSON) -> bool:
+    async def create_job(self, body: JSON, *, dry_run: bool = False) -> bool:
         """Create an agent Job (one attempt); False when a Job of that name exists. Errors are raised as the
-        client raised them: the caller decides what is transient (`retry.kube_error_is_transient`)."""
+        client raised them: the caller decides what is transient (`retry.kube_error_is_transient`).
+
+        `dry_run`: the API server validates and admits the Job (schema, label syntax, admission webhooks)
+        and stores nothing."""
         from kubernetes.client.exceptions import ApiException
 
+        extra = {"dry_run": "All"} if dry_run else {}
         try:
-            await self._call(self.batch.create_namespaced_job, body["metadata"]["namespace"], body)
+            await self._call(self.batch.create_namespaced_job, body["metadata"]["namespace"], body, **extra)
         except ApiException as error:
             if error.status == 409:
                 return False
