@@ -1,12 +1,14 @@
 """Two-node runs on a real KubeRay operator, against its own local control plane: a run that succeeds and
-is deleted, a run whose trainer reports a permanent failure, and examples/run-multi-node.yaml as applied.
+is deleted, a run whose trainer reports a permanent failure, examples/run-multi-node.yaml as applied, and the
+real `asyncrl trainer` as the Ray driver, through its preflight up to the first step that needs a GPU.
 
 Real parts: kube-apiserver and kube-controller-manager (owner GC), the KubeRay operator built from its Go
 module (scripts/provision-kuberay.sh) with the CRDs of the same module, the `asyncrl operator` process, the
 gateway sidecar, and Ray itself: the head and worker pods KubeRay creates run its generated `ray start`
 commands as real processes (asyncrl.testing.kuberay_pods adapts host names and ports to one host). Stand-ins:
-the pod runner for the kubelet, and tests/operator/ray_driver_probe.py for `asyncrl trainer` (it composes
-verl's config from the run and joins the Ray cluster as the verl backend does, then reports and exits).
+the pod runner for the kubelet, and, except in the real trainer's test, tests/operator/ray_driver_probe.py
+for `asyncrl trainer` (it composes verl's config from the run and joins the Ray cluster as the verl backend
+does, then reports and exits).
 No GPUs here: each Ray node advertises the GPUs of its pod's limit (`ray start --num-gpus=N`, which KubeRay
 derives from `nvidia.com/gpu`), which Ray takes on trust.
 
@@ -159,13 +161,19 @@ def _ray_pods_and_operator(
     *,
     probe_env: dict[str, str],
     images: dict[str, str] | None = None,
-) -> Iterator[None]:
+    real_trainer: bool = False,
+) -> Iterator[PodRunner]:
     """The pod runner (KubeRay's pods as real Ray processes, the driver probe as the trainer) and our
-    operator for `ns`. `images` maps more image names to the test's (an example's own image names)."""
-    driver = Image(
-        entrypoint=(sys.executable, "-m", "tests.operator.ray_driver_probe"),
-        env=probe_env,
-        replace_command=True,
+    operator for `ns`. `images` maps more image names to the test's (an example's own image names).
+    `real_trainer`: the trainer container runs its own command, the real `asyncrl trainer`."""
+    driver = (
+        Image()
+        if real_trainer
+        else Image(
+            entrypoint=(sys.executable, "-m", "tests.operator.ray_driver_probe"),
+            env=probe_env,
+            replace_command=True,
+        )
     )
     table = ImageTable({GATEWAY_IMAGE: Image(), TRAINER_IMAGE: driver})
     for name, stands_for in (images or {}).items():
@@ -188,7 +196,7 @@ def _ray_pods_and_operator(
                 kubeconfig=plane.kubeconfig, scope=["--namespace", ns], log_path=tmp_path / "operator.log"
             )
             try:
-                yield
+                yield runner
                 assert list((ray_tmp / "ray").glob("session_*")), "Ray did not use its own temp dir"
             finally:
                 operator.stop()
@@ -230,6 +238,72 @@ def test_a_trainer_that_reports_a_permanent_failure_fails_the_run_and_its_cluste
             lambda: not _pods(client_of, ns, "ray.io/cluster"), timeout=180, what="the cluster's pods gone"
         )
         assert not _restarted_drivers(client_of, ns)
+
+
+def test_the_real_trainer_as_ray_driver_passes_its_own_checks_and_checks_the_cluster_through_ray(
+    plane: ControlPlane, client_of: Any, kubectl_of: list[str], kuberay: None, ns: str, tmp_path: Path
+) -> None:
+    """The head pod's trainer container runs the operator's own command, the real `asyncrl trainer` with
+    backend Verl (no stand-in), against the RayCluster KubeRay made. Its preflight checks in its own
+    GPU-less container only what the driver uses, joins the real Ray head at RAY_ADDRESS, waits for the
+    worker, and checks the cluster through Ray: the GPUs each pod declared to `ray start --num-gpus` (Ray
+    takes them on trust; there is no GPU here), the CPUs of each node for verl's bundles, and each node's
+    container by a Ray task on that node. It stops there, at the first step that needs a GPU: the task finds
+    no CUDA on either node, truthfully. So do the dev venv's packages, which are not the trainer image's
+    pins. Both are configuration errors: the trainer reports them and the run is Failed with them, its
+    cluster suspended.
+
+    Real: the control plane, KubeRay and its pods' `ray start`, Ray, the operator, the gateway sidecar, the
+    trainer. Not: the pod runner for the kubelet; the model folder is a host folder (every pod is a process
+    on this host, so the driver and both nodes see it, as a shared volume would give them)."""
+    from asyncrl.api.types.spec import TrainerBackend
+    from asyncrl.trainer.preflight import MACHINE, check_packages, cuda_state
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    manifest = multi_node_manifest("real", resources={"limits": {"cpu": "8", "memory": "2Gi"}})
+    manifest["spec"]["model"]["path"] = str(model)
+    with _ray_pods_and_operator(plane, client_of, ns, tmp_path, probe_env={}, real_trainer=True) as runner:
+        create_claim(client_of, ns, "shared")
+        apply_ok(kubectl_of, ns, manifest)
+        status = wait_for_phase(client_of, ns, "real", "Failed", timeout=600, what="the run Failed")
+        (head,) = _pods(client_of, ns, "ray.io/node-type=head")
+        log = (runner.pod_dir(ns, head.metadata.name) / "trainer.log").read_text(errors="replace")
+        wait_for(
+            lambda: (_ray_cluster(client_of, ns, "real") or {}).get("spec", {}).get("suspend") is True,
+            timeout=120,
+            what="the failed run's RayCluster suspended",
+        )
+
+    report = log.split("asyncrl.trainer.main preflight:\n", 1)[1].splitlines()
+    lines = [line for line in report[:30] if line.startswith(("ok    ", "FAIL  "))]
+    names = [line[len("FAIL  ") :].split(": ", 1)[0] for line in lines]
+    found = dict(zip(names, lines, strict=True))
+    # The driver's own container: what it uses, and no CUDA, Ray CPUs in its cgroup or /dev/shm per GPU
+    # (the one `ray cpus` line is the cluster's, below).
+    assert names[:3] == ["packages", "model", "checkpoints"]
+    assert found["packages"] == check_packages(TrainerBackend.VERL, MACHINE).line()
+    assert found["model"] == f"ok    model: {model}"
+    assert found["checkpoints"].startswith("ok    checkpoints: ")
+    assert not {"cuda", "gpus", "/dev/shm"} & set(names)
+    assert names.count("ray cpus") == 1
+    # The cluster, through Ray: the head reached, both nodes, their declared GPUs and CPUs.
+    assert found["ray head"].startswith("ok    ray head: joined the run's Ray cluster at 127.0.0.1:")
+    assert found["ray nodes"].startswith("ok    ray nodes: 2 of 2 joined")
+    assert found["ray gpus"].startswith("ok    ray gpus: 2 in Ray (")
+    assert "verl needs 2 nodes x 1 (spec.trainer.gpusPerNode)" in found["ray gpus"]
+    assert found["ray cpus"].startswith("ok    ray cpus: 8 needed on every node")
+    for name in ("/dev/shm", "model", "checkpoints"):
+        assert found[f"{name} on every node"].startswith("ok"), found
+    node_cuda = [line for name, line in found.items() if name.startswith("cuda on ")]
+    if not cuda_state()[0]:
+        assert len(node_cuda) == 2, found
+        assert all(line.startswith("FAIL") and "sees no CUDA device" in line for line in node_cuda)
+    assert status["message"].startswith(
+        "the trainer stopped (configuration error): asyncrl trainer: preflight"
+    )
+    assert "cuda on " in status["message"]
 
 
 def _restarted_drivers(client_of: Any, ns: str) -> list[str]:
