@@ -38,8 +38,10 @@ HEAD_FIX = (
 def join(address: str, wait_seconds: float) -> RayClusterOnRay:
     """The run's cluster at `address` (host:port of the GCS), once its port answers; RayJoinError if not."""
     _wait_for_port(address, wait_seconds)
-    import ray
-
+    try:
+        import ray
+    except ImportError as error:
+        raise RayJoinError(f"cannot import ray ({error})", "use the trainer image") from error
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     except Exception as error:  # Ray raises ConnectionError, RuntimeError (version mismatch), ...
