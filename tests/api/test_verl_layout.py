@@ -190,3 +190,19 @@ def test_lengths_in_verl_overrides_are_refused_in_favour_of_the_spec_fields() ->
     manifest = verl_manifest(trainer={"gpus": 1, "verlOverrides": {"data.max_prompt_length": 2048}})
     with pytest.raises(InvalidRunError, match=r"is set by spec\.data\.maxPromptLength"):
         load_run(manifest)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({SEQUENCE_PARALLEL_KEY: 3}, "must divide the trainer's 4 GPU(s)"),
+        ({SEQUENCE_PARALLEL_KEY: 0}, "must divide the trainer's 4 GPU(s)"),
+        ({MINI_BATCH_KEY: 0}, "must be at least 1"),
+    ],
+)
+def test_sequence_parallel_sizes_and_mini_batches_verl_cannot_split_are_refused(
+    overrides: dict[str, Any], named: str
+) -> None:
+    [problem] = layout_errors(layout(gpus_per_node=4, overrides=overrides))
+    assert named in problem.message
+    assert problem.field_path == ("trainer", "verlOverrides")

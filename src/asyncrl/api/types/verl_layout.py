@@ -103,6 +103,20 @@ def layout_errors(layout: VerlLayout) -> list[LayoutProblem]:
 
 
 def _mini_batch_problem(layout: VerlLayout) -> LayoutProblem | None:
+    world = layout.gpus_per_node * layout.nodes
+    sequence_parallel = layout._int(SEQUENCE_PARALLEL_KEY, 1)
+    if world >= 1 and (sequence_parallel < 1 or world % sequence_parallel):
+        return LayoutProblem(
+            f"{SEQUENCE_PARALLEL_KEY} = {sequence_parallel} must divide the trainer's {world} GPU(s) "
+            "(verl groups that many GPUs per sequence): set it in spec.trainer.verlOverrides to one of "
+            f"{', '.join(str(d) for d in range(1, world + 1) if world % d == 0)}",
+            ("trainer", "verlOverrides"),
+        )
+    if layout.mini_batch_groups() < 1:
+        return LayoutProblem(
+            f"{MINI_BATCH_KEY} must be at least 1 (groups per optimizer step; unset: spec.trainBatchSize)",
+            ("trainer", "verlOverrides"),
+        )
     dp = layout.data_parallel_size()
     n = layout.samples_per_prompt
     groups = layout.mini_batch_groups()
