@@ -128,8 +128,7 @@ def _mini_batch_problem(layout: VerlLayout) -> LayoutProblem | None:
         if layout.nodes == 1
         else f"spec.trainer.gpusPerNode {layout.gpus_per_node} x nodes {layout.nodes}"
     )
-    sequence_parallel = layout.overrides.get(SEQUENCE_PARALLEL_KEY)
-    if sequence_parallel not in (None, 1):
+    if sequence_parallel != 1:
         gpus += f" / {SEQUENCE_PARALLEL_KEY} {sequence_parallel}"
     parallel = f"{dp} data-parallel ranks ({gpus})"
     # groups x n divides by dp exactly when groups is a multiple of dp / gcd(dp, n), and likewise for n.
