@@ -404,7 +404,7 @@ SPEC_CASES: dict[str, tuple[Any, str | None]] = {
     ),
     "multi-node-with-checkpoint-claim": (
         lambda spec: spec["trainer"].update(
-            backend="Verl", nodes=2, gpusPerNode=8, checkpoint={"claimName": "ckpt"}
+            backend="Verl", nodes=2, gpusPerNode=2, checkpoint={"claimName": "ckpt"}
         ),
         None,
     ),

@@ -31,7 +31,13 @@ MULTI_NODE: dict[str, Any] = {
 
 
 def _run(**trainer: Any) -> tuple[dict[str, Any], Any]:
-    manifest = run_manifest("demo", trainer={**MULTI_NODE, **trainer})
+    # 12 groups x 2 rows divide over verl's 24 (or 12) data-parallel ranks, as loading the run requires.
+    manifest = run_manifest(
+        "demo",
+        trainer={**MULTI_NODE, **trainer},
+        trainBatchSize=12,
+        **{"async": {"enabled": True, "windowSize": 24}},
+    )
     manifest["metadata"].update(namespace="team", uid="uid-1")
     return manifest, load_run(manifest).spec
 
