@@ -83,6 +83,9 @@ def _environment(finalize: Any, *, sample: bool = False) -> ImmutableSandboxedEn
     # already embedded safely, so `tojson` adds no second quoting: a string stays the string, anything else
     # becomes its JSON text (e.g. a whole row as one env value).
     environment.filters["tojson"] = _tojson
+    # Agent Lightning v1.0 Job templates quote every value with `| yaml_escape`: the same no-op here, so
+    # those templates render unchanged (docs/migrating-from-agent-lightning.md).
+    environment.filters["yaml_escape"] = _tojson
     return environment
 
 
