@@ -77,7 +77,8 @@ def kill_what_is_left(process: subprocess.Popen[str], work_dir: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _local_run(tmp_path: Path, manifest: Path) -> subprocess.Popen[str]:
+def _local_run(tmp_path: Path, manifest: Path, *, metrics_file: bool = True) -> subprocess.Popen[str]:
+    """`asyncrl local run`; with `metrics_file=False` no --metrics-file, so the trainer's default place."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -86,7 +87,7 @@ def _local_run(tmp_path: Path, manifest: Path) -> subprocess.Popen[str]:
             "local",
             "run",
             str(manifest),
-            f"--metrics-file={tmp_path / 'metrics.jsonl'}",
+            *([f"--metrics-file={tmp_path / 'metrics.jsonl'}"] if metrics_file else []),
             f"--work-dir={tmp_path / 'work'}",
         ],
         cwd=REPO,
@@ -99,8 +100,8 @@ def _local_run(tmp_path: Path, manifest: Path) -> subprocess.Popen[str]:
     )
 
 
-def _metrics(tmp_path: Path) -> list[dict[str, float]]:
-    path = tmp_path / "metrics.jsonl"
+def _metrics(tmp_path: Path, path: Path | None = None) -> list[dict[str, float]]:
+    path = path or tmp_path / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -124,6 +125,11 @@ def test_local_run_trains_asynchronously_and_logs_the_seed_metrics(tmp_path: Pat
         assert "timing/rollout_queue_wait_seconds_mean" in row
         assert "timing/rollout_run_seconds_max" in row
         assert "training/update/loss" in row
+        # verl's length summary of the update's rows
+        assert row["response_length/min"] <= row["response_length/mean"] <= row["response_length/max"]
+        assert row["response_length/max"] > 0
+        assert 0.0 <= row["response_length/clip_ratio"] <= 1.0
+        assert row["prompt_length/mean"] > 0
     assert any(row["training/async/n_new_carry_over_rollouts"] > 0 for row in steps)
     assert max(row["training/async/new_carry_over_age_max_steps"] for row in steps) >= 1
 
@@ -135,10 +141,15 @@ def test_local_run_trains_asynchronously_and_logs_the_seed_metrics(tmp_path: Pat
 
 
 def test_the_toy_agent_switched_to_streaming_is_trained_on_its_streamed_calls(tmp_path: Path) -> None:
-    process = _local_run(tmp_path, _manifest(tmp_path, steps=2, every=2, stream=True))
+    # Also: without --metrics-file the per-step metrics are kept beside the checkpoints (on a cluster, the
+    # checkpoint volume), and the summary's curves line names that file.
+    process = _local_run(tmp_path, _manifest(tmp_path, steps=2, every=2, stream=True), metrics_file=False)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
-    steps = _metrics(tmp_path)
+    kept = tmp_path / "work" / "checkpoints" / "metrics" / "metrics.jsonl"
+    assert f"curves: asyncrl plot {kept}" in output
+    assert not (tmp_path / "metrics.jsonl").exists()
+    steps = _metrics(tmp_path, kept)
     assert [row["step"] for row in steps] == [0, 1]
     for row in steps:
         assert "training/update/loss" in row

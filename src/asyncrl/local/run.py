@@ -37,6 +37,7 @@ from asyncrl.local.report import RunTally, header
 from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.plot import plot_hint
 from asyncrl.trainer.failures import EXIT_CODES, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, PERMANENT_EXIT_CODES
+from asyncrl.trainer.metrics import metrics_places
 
 logger = logging.getLogger(__name__)
 
@@ -194,13 +195,14 @@ async def run_locally(args: argparse.Namespace) -> int:
         env,
         work_dir / "gateway.log",
     )
+    checkpoint_dir = work_dir / "checkpoints"
     trainer_argv = [
         *cli,
         "trainer",
         *trainer_args(
             config=work_dir / "run.yaml",
             gateway_url=gateway_url,
-            checkpoint_dir=work_dir / "checkpoints",
+            checkpoint_dir=checkpoint_dir,
             wandb_dir=work_dir,
             metrics_file=args.metrics_file,
         ),
@@ -256,7 +258,11 @@ async def run_locally(args: argparse.Namespace) -> int:
         report = await _stop_everything(tasks, agents, trainer, gateway)
         if stop_signal.received is not None:
             out.write(f"\n{stop_signal.received}: {report}\n")
-        metrics_file = args.metrics_file.absolute() if args.metrics_file is not None else None
+        # The trainer writes --metrics-file, or by default metrics/metrics.jsonl beside its checkpoints.
+        places = metrics_places(
+            checkpoint_dir=checkpoint_dir, metrics_file=args.metrics_file, wandb_dir=work_dir
+        )
+        metrics_file = places.metrics_file.absolute() if places.metrics_file is not None else None
         for line in tally.summary(outcome=outcome, work_dir=work_dir, metrics_file=metrics_file):
             out.write(line + "\n")
         out.write(plot_hint(metrics_file))

@@ -40,6 +40,7 @@ from asyncrl.trainer.checkpoints import LoopState, latest_checkpoint, save_check
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.failures import RunFailed
 from asyncrl.trainer.gateway_port import TrainerGateway
+from asyncrl.trainer.length_metrics import length_metrics
 from asyncrl.trainer.metrics import MetricsSinks, spread
 from asyncrl.trainer.prefetch import DEFAULT_BATCH_ROLLOUTS, PrefetchTotals, RolloutsMissing, RowPrefetcher
 from asyncrl.trainer.recovery import groups_of, plan_resync
@@ -349,6 +350,7 @@ class StepLoop:
             **summary.metrics(),
             **self._timing_metrics(consumed_ids),
             **prepared.counts.metrics(),
+            **length_metrics(prepared.rows),
             **self._prefetch_metrics(),
             **(update.as_dict() if update is not None else {}),
             "training/reward_mean": reward_mean,

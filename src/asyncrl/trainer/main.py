@@ -30,6 +30,7 @@ from asyncrl.trainer.metrics import (
     PrometheusSink,
     TrackingMode,
     VerlTrackingSink,
+    metrics_places,
 )
 from asyncrl.trainer.preflight_cluster import DEFAULT_WAIT_SECONDS
 
@@ -66,9 +67,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-dir", type=Path, default=None, help="checkpoints here; resume from them"
     )
     parser.add_argument("--data-file", type=Path, default=None, help="rows file (for data.configMapRef)")
-    parser.add_argument("--metrics-file", type=Path, default=None, help="one JSON object per step")
+    parser.add_argument(
+        "--metrics-file",
+        type=Path,
+        default=None,
+        help="one JSON object per step (default: metrics/metrics.jsonl under --checkpoint-dir, so the curves "
+        "stay with the checkpoints; none without a checkpoint directory)",
+    )
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
-    parser.add_argument("--wandb-dir", type=Path, default=Path("wandb-runs"), help="where W&B writes its run")
+    parser.add_argument(
+        "--wandb-dir",
+        type=Path,
+        default=None,
+        help="where W&B writes its run (default: metrics/ under --checkpoint-dir, else ./wandb-runs)",
+    )
     parser.add_argument(
         "--tensorboard-dir",
         type=Path,
@@ -169,9 +181,17 @@ def build_reference_backend(run: AsyncTrainingRun, *, inference_port: int) -> Ba
 
 def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks:
     """The one tracking layer: JSON lines (--metrics-file), Prometheus (--metrics-port), W&B, TensorBoard."""
+    where = metrics_places(
+        checkpoint_dir=args.checkpoint_dir, metrics_file=args.metrics_file, wandb_dir=args.wandb_dir
+    )
+    logger.info(
+        "per-step metrics: %s; W&B and TensorBoard files under %s",
+        where.metrics_file or "no JSON lines file (no --metrics-file or --checkpoint-dir)",
+        where.wandb_dir,
+    )
     sinks: list[JsonLinesSink | PrometheusSink | VerlTrackingSink] = []
-    if args.metrics_file is not None:
-        sinks.append(JsonLinesSink(args.metrics_file))
+    if where.metrics_file is not None:
+        sinks.append(JsonLinesSink(where.metrics_file))
     if args.metrics_port:
         from prometheus_client import start_http_server
 
@@ -196,8 +216,8 @@ def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks
                 project=wandb.project or run.name or "asyncrl",
                 name=run.name or "asyncrl-run",
                 wandb_mode=mode,
-                wandb_directory=args.wandb_dir,
-                tensorboard_directory=args.tensorboard_dir or args.wandb_dir / "tensorboard",
+                wandb_directory=where.wandb_dir,
+                tensorboard_directory=args.tensorboard_dir or where.wandb_dir / "tensorboard",
                 config=run.spec.to_wire(),
             )
         )

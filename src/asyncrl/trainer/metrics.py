@@ -19,12 +19,36 @@ import math
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Gauge
 
 logger = logging.getLogger(__name__)
+
+
+# Where metrics go when the command line names no place: beside the checkpoints (a PVC on a cluster when
+# spec.trainer.checkpoint.claimName is set), so a cluster run's curves outlive its pod.
+METRICS_SUBDIR = "metrics"
+METRICS_FILE_NAME = "metrics.jsonl"
+DEFAULT_WANDB_DIR = Path("wandb-runs")
+
+
+@dataclass(frozen=True)
+class MetricsPlaces:
+    metrics_file: Path | None  # the JSON-lines file; None: not written
+    wandb_dir: Path  # W&B's offline run, and TensorBoard's files under tensorboard/ unless told otherwise
+
+
+def metrics_places(
+    *, checkpoint_dir: Path | None, metrics_file: Path | None, wandb_dir: Path | None
+) -> MetricsPlaces:
+    """What was asked for, else under `<checkpoint_dir>/metrics/`, else no file and `./wandb-runs`."""
+    if checkpoint_dir is None:
+        return MetricsPlaces(metrics_file, wandb_dir or DEFAULT_WANDB_DIR)
+    beside = checkpoint_dir / METRICS_SUBDIR
+    return MetricsPlaces(metrics_file or beside / METRICS_FILE_NAME, wandb_dir or beside)
 
 
 def spread(prefix: str, values: Sequence[float]) -> dict[str, float]:
