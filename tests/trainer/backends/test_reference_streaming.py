@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 from typing import Any
 
 import pytest
 
 from asyncrl.gateway.streaming import SseEvents, StreamAssembly
-from asyncrl.trainer.backends.reference import ReferenceBackend
+from asyncrl.trainer.backends.reference import ReferenceBackend, ReferenceBackendConfig
+from asyncrl.trainer.backends.reference.config import ServerConfig
 from tests.trainer.backends.support import post, serving
 
 CHAT = "/v1/chat/completions"
@@ -97,3 +100,32 @@ def test_a_stop_string_is_never_streamed_past() -> None:
     )
     assert streamed_text == plain["choices"][0]["text"]
     assert stop not in streamed_text
+
+
+def test_a_client_that_leaves_mid_stream_leaves_no_unretrieved_future_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sampling thread stops with `_ClientLeft` when its client has gone; that exception must be
+    retrieved, or asyncio logs "Future exception was never retrieved" (local mode's trainer.log, issue 24)."""
+    config = ReferenceBackendConfig(server=ServerConfig(worker_threads=1))  # one generation at a time
+    backend = ReferenceBackend(config)
+    long_stream = {"prompt": "abc", "max_tokens": 900, "ignore_eos": True, "stream": True}
+
+    async def scenario() -> None:
+        async with serving(backend) as session:
+            response = await session.post(COMPLETIONS, json=long_stream)
+            assert response.status == 200
+            assert await response.content.readany()  # the first tokens: the generation is under way
+            response.connection.transport.abort()  # type: ignore[union-attr]  # the client leaves at once
+            response.release()
+            # The one worker thread takes the next request only once the abandoned generation has stopped;
+            # its future is done (and its callbacks have run) before this answer comes back.
+            status, _headers, _body = await post(session, COMPLETIONS, {"prompt": "abc", "max_tokens": 1})
+            assert status == 200
+            gc.collect()  # a future that nobody references any more reports an unretrieved exception now
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("a streaming client left" in message for message in messages), messages  # it left mid-stream
+    assert not [message for message in messages if "exception was never retrieved" in message]

@@ -179,8 +179,15 @@ class InferenceServer:
                 raise _ClientLeft()
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        def finished(done: asyncio.Future[list[Sample]]) -> None:
+            # Retrieved here, whoever reads the result later: a generation stopped by `_ClientLeft` is
+            # never read, and asyncio would log "Future exception was never retrieved" for it.
+            if not done.cancelled():
+                done.exception()
+            queue.put_nowait(None)
+
         sampling = loop.run_in_executor(self._executor, self._sample_blocking, policy, generation, emit)
-        sampling.add_done_callback(lambda _done: queue.put_nowait(None))
+        sampling.add_done_callback(finished)
         response = web.StreamResponse(
             headers={
                 "content-type": "text/event-stream; charset=utf-8",
