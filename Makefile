@@ -25,10 +25,12 @@ quickstart: setup
 crd: setup
 	$(BIN)/asyncrl crd --write
 
-# The control plane, and the KubeRay operator the multi-node tests run against it (both built with Go, cached).
+# The control plane, and the KubeRay operator the multi-node tests run against it (both built with Go, cached),
+# and the prometheus-operator CRDs the chart's monitors and rules are applied against.
 control-plane:
 	scripts/provision-k8s.sh
 	scripts/provision-kuberay.sh
+	scripts/provision-prometheus-crds.sh
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

@@ -30,7 +30,7 @@ from asyncrl.api.types.meta import CRD_NAME
 from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.operator.main import add_arguments, render_settings
 from asyncrl.operator.pod_policy import AgentPodPolicy
-from asyncrl.testing.controlplane import ControlPlane, default_bin_dir, free_port
+from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
 from tests.operator.test_rbac import RBAC_DIR, rbac_denials, service_account_kubeconfig
@@ -42,25 +42,6 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "asyncrl-operator"
 KUBE_VERSION = "1.36.3"  # `helm template` assumes v1.20 when built without version stamps, below kubeVersion
 OPERATOR_IMAGE = "asyncrl.test/operator"
 Manifest = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def helm() -> list[str]:
-    binary = default_bin_dir() / "helm"
-    if not os.access(binary, os.X_OK):
-        pytest.fail(f"helm is not provisioned ({binary}); run scripts/provision-k8s.sh first", pytrace=False)
-    return [str(binary)]
-
-
-@pytest.fixture(scope="module")
-def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("helm-home")
-    return {
-        **os.environ,
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
 
 
 def _helm(
@@ -100,8 +81,17 @@ def rbac_rules(path: Path, kind: str) -> list[list[Manifest]]:
 
 @pytest.mark.parametrize(
     "values",
-    [{}, {"watch.clusterWide": True, "serviceMonitor.enabled": True}, {"watch.namespaces": ["a", "b"]}],
-    ids=["default", "cluster-wide-with-service-monitor", "two-namespaces"],
+    [
+        {},
+        {"watch.clusterWide": True, "serviceMonitor.enabled": True},
+        {"watch.namespaces": ["a", "b"]},
+        {
+            "runServiceMonitor.enabled": True,
+            "prometheusRule.enabled": True,
+            "grafanaDashboard.enabled": True,
+        },
+    ],
+    ids=["default", "cluster-wide-with-service-monitor", "two-namespaces", "monitoring"],
 )
 def test_helm_lint_strict_reports_no_warning(helm: list[str], helm_env: dict[str, str], values: Any) -> None:
     done = _helm(helm, helm_env, "lint", "--strict", str(CHART), *_values(**values))

@@ -112,6 +112,12 @@ class GatewayMetrics:
             "Bytes the store's captured model calls hold now (what --max-capture-bytes bounds).",
             registry=self.registry,
         )
+        self.upstream_registrations = Counter(
+            "asyncrl_gateway_upstream_registrations",
+            "Registrations of the model servers (PUT /api/upstreams). A trainer registers them each time it "
+            "starts, so under one gateway a rising count is its trainer restarting.",
+            registry=self.registry,
+        )
         self.drain_seconds = Gauge(
             "asyncrl_gateway_last_drain_seconds",
             "Duration of the last pause's drain.",

@@ -2,19 +2,26 @@
 
 Besides its own counters, the operator exports each run's progress as gauges labelled `namespace`/`name`,
 set from the status it writes, so one scrape of the operator shows every run: which phase (one series per
-phase, 1 for the current one, as kube-state-metrics does), the step, the prompt groups in the window and the
-oldest carry-over's age. A run's series go away when its controller stops (the run was deleted).
+phase, 1 for the current one, as kube-state-metrics does), the step, the prompt groups in the window, the
+oldest carry-over's age, and when the trainer started and the last step finished (Unix seconds, so an alert
+can say "no step for N minutes" as `time() - ...`). A run's series go away when its controller stops (the
+run was deleted).
 """
 
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
 
 RUN_LABELS = ("namespace", "name")
+
+
+def _unix_seconds(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
 
 
 class OperatorMetrics:
@@ -60,6 +67,27 @@ class OperatorMetrics:
             RUN_LABELS,
             registry=self.registry,
         )
+        self.run_start_time = Gauge(
+            "asyncrl_run_start_timestamp_seconds",
+            "When the run's trainer started (status.startTime), Unix seconds.",
+            RUN_LABELS,
+            registry=self.registry,
+        )
+        self.run_last_step_time = Gauge(
+            "asyncrl_run_last_step_timestamp_seconds",
+            "When the run's last step finished (status.lastStepTime), Unix seconds.",
+            RUN_LABELS,
+            registry=self.registry,
+        )
+
+    def _run_gauges(self) -> tuple[Gauge, ...]:
+        return (
+            self.run_step,
+            self.run_active_groups,
+            self.run_carry_over_age_max_steps,
+            self.run_start_time,
+            self.run_last_step_time,
+        )
 
     def observe_run(self, *, namespace: str, name: str, status: AsyncTrainingRunStatus) -> None:
         """The run's gauges from the status the operator computed (a value not known yet is not exported)."""
@@ -69,6 +97,8 @@ class OperatorMetrics:
             (self.run_step, status.step),
             (self.run_active_groups, status.active_groups),
             (self.run_carry_over_age_max_steps, status.carry_over_age_max_steps),
+            (self.run_start_time, _unix_seconds(status.start_time)),
+            (self.run_last_step_time, _unix_seconds(status.last_step_time)),
         ):
             if value is not None:
                 gauge.labels(namespace, name).set(value)
@@ -77,7 +107,7 @@ class OperatorMetrics:
         """Drop the run's series (its controller stopped: the run was deleted, or the operator stops)."""
         for phase in Phase:
             self._remove(self.run_phase, namespace, name, phase.value)
-        for gauge in (self.run_step, self.run_active_groups, self.run_carry_over_age_max_steps):
+        for gauge in self._run_gauges():
             self._remove(gauge, namespace, name)
 
     @staticmethod

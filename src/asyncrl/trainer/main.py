@@ -32,6 +32,7 @@ from asyncrl.trainer.metrics import (
     VerlTrackingSink,
     metrics_places,
 )
+from asyncrl.trainer.pause_reporting import PauseReportingClient
 from asyncrl.trainer.preflight_cluster import DEFAULT_WAIT_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -311,7 +312,7 @@ async def train(args: argparse.Namespace) -> int:
     await backend.start()
     logger.info("model servers %s; gateway %s", ", ".join(backend.serve_urls), args.gateway_url)
     try:
-        async with GatewayClient(args.gateway_url, key) as gateway:
+        async with PauseReportingClient(args.gateway_url, key, report=sinks.report_holding_pause) as gateway:
             loop = StepLoop(settings=settings, gateway=gateway, backend=backend, prompts=prompts, sinks=sinks)
             result = await loop.run()
         logger.info("finished: %s", result.describe())

@@ -106,6 +106,14 @@ class PrometheusSink:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self._gauges: dict[str, Gauge] = {}
+        # Not a step metric: live state, so that "the gateway is paused and no trainer is updating" can be
+        # told from "an update is running" (the gateway, in the same pod, exports asyncrl_gateway_paused).
+        self.holding_pause = Gauge(
+            "asyncrl_trainer_holding_pause",
+            "1 from the trainer's pause of the gateway (for an update, a checkpoint load or save) until its "
+            "resume is confirmed, else 0.",
+            registry=self.registry,
+        )
 
     @staticmethod
     def name_of(metric: str) -> str:
@@ -195,6 +203,12 @@ class MetricsSinks:
                 sink.log(step, metrics)
             except Exception as error:  # a metrics backend must never stop training
                 logger.warning("metrics sink %s failed at step %d: %s", type(sink).__name__, step, error)
+
+    def report_holding_pause(self, held: bool) -> None:
+        """Whether the trainer holds the gateway paused now (the Prometheus sinks export it)."""
+        for sink in self.sinks:
+            if isinstance(sink, PrometheusSink):
+                sink.holding_pause.set(1 if held else 0)
 
     def discard_from(self, step: int) -> None:
         """Forget logged steps from `step` on where a sink can (the JSON-lines file); see JsonLinesSink."""

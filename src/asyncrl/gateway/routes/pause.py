@@ -70,6 +70,7 @@ def pause_router(parts: GatewayParts) -> APIRouter:
     async def put_upstreams(request: UpstreamsUpdate) -> UpstreamsView:
         """Replace the upstream set; calls in flight finish on the server they started on."""
         proxy.set_upstreams(tuple(request.upstreams), model=request.model)
+        metrics.upstream_registrations.inc()
         return upstreams_view()
 
     return router
