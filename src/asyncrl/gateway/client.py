@@ -8,6 +8,7 @@ accordingly, so nobody polls in a loop.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,11 @@ CONNECTION_RETRIES = 3
 CONNECTION_RETRY_SECONDS = 0.05
 
 
+def new_claim_key() -> str:
+    """A fresh name for one claim (`GatewayClient.claim`): keep it until that claim's answer is read."""
+    return f"claim-{uuid.uuid4().hex}"
+
+
 class GatewayClient:
     """`async with GatewayClient(url, key) as gateway: ...`"""
 
@@ -104,17 +110,26 @@ class GatewayClient:
         await self._http.aclose()
 
     async def _request(
-        self, method: str, path: str, *, wait: float = 0.0, idempotent: bool | None = None, **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        wait: float = 0.0,
+        idempotent: bool | None = None,
+        retry_timeouts: bool = False,
+        **kwargs: Any,
     ) -> httpx.Response:
         """One call; an idempotent one (GET/PUT/DELETE, or marked) is sent again when its connection was reset
-        or refused before an answer came (a pooled connection the server closed as it was reused)."""
+        or refused before an answer came (a pooled connection the server closed as it was reused), and with
+        `retry_timeouts` also when no answer came in time."""
         retry = idempotent if idempotent is not None else method in IDEMPOTENT_METHODS
         attempts = CONNECTION_RETRIES + 1 if retry else 1
+        retryable = (*RETRYABLE_ERRORS, httpx.TimeoutException) if retry_timeouts else RETRYABLE_ERRORS
         for attempt in range(attempts):
             try:
                 response = await self._http.request(method, path, timeout=self._timeout + wait, **kwargs)
                 break
-            except RETRYABLE_ERRORS:
+            except retryable:
                 if attempt + 1 == attempts:
                     raise
                 await asyncio.sleep(CONNECTION_RETRY_SECONDS * (attempt + 1))
@@ -219,13 +234,30 @@ class GatewayClient:
         wait_seconds: float = 30.0,
         lease_seconds: float = 120.0,
         takeover: bool = False,
+        claim_key: str | None = None,
     ) -> list[RolloutView]:
-        """Queued rollouts to start; `takeover` also takes those leased by an earlier (dead) claimer."""
+        """Queued rollouts to start; `takeover` also takes those leased by an earlier (dead) claimer.
+
+        The claim is named by `claim_key` (a fresh one when None) and sent again with it when its connection
+        is reset or its answer does not come in time: the gateway answers a repeated key with the rollouts
+        that key already holds, so a lost answer leases nothing to nobody. A caller that retries a failed
+        claim itself passes the same `claim_key` again (`new_claim_key()`), and a fresh one once it has read
+        an answer.
+        """
         request = ClaimRequest(
-            limit=limit, wait_seconds=wait_seconds, lease_seconds=lease_seconds, takeover=takeover
+            limit=limit,
+            wait_seconds=wait_seconds,
+            lease_seconds=lease_seconds,
+            takeover=takeover,
+            claim_key=claim_key or new_claim_key(),
         )
         response = await self._request(
-            "POST", "/api/rollouts/claim", wait=wait_seconds, json=request.model_dump(mode="json")
+            "POST",
+            "/api/rollouts/claim",
+            wait=wait_seconds,
+            idempotent=True,
+            retry_timeouts=True,
+            json=request.model_dump(mode="json"),
         )
         return [RolloutView.model_validate(item) for item in response.json()["rollouts"]]
 

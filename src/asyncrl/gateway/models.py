@@ -67,6 +67,15 @@ class ClaimRequest(BaseModel):
     takeover: bool = Field(
         default=False, description="Also take rollouts leased by an earlier claimer (a restarted operator)."
     )
+    claim_key: str | None = Field(
+        default=None,
+        pattern=ID_PATTERN,
+        description=(
+            "The claimer's name for this claim: a request with a key that still holds rollouts gets those "
+            "same rollouts back at once (an answer lost to a reset or a timeout is asked for again, and "
+            "nothing stays leased to nobody). Use a fresh key for each claim whose answer was read."
+        ),
+    )
 
 
 class LaunchRequest(BaseModel):

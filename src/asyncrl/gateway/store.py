@@ -161,6 +161,7 @@ class Rollout:
     posted_reward_attempt_id: str | None = None
     message: str | None = None
     claimed_until: float = 0.0
+    claim_key: str | None = None  # the claim that holds (or last held) the lease, when it named itself
     launched_at: float | None = None
     launch_id: str | None = None
     calls: deque[CapturedCall] = field(default_factory=deque)
@@ -326,16 +327,33 @@ class RolloutStore:
         return deleted
 
     async def claim(
-        self, *, limit: int, wait_seconds: float, lease_seconds: float, takeover: bool = False
+        self,
+        *,
+        limit: int,
+        wait_seconds: float,
+        lease_seconds: float,
+        takeover: bool = False,
+        claim_key: str | None = None,
     ) -> list[Rollout]:
         """Queued, never launched rollouts nobody holds a lease on, waiting up to `wait_seconds` for one.
 
         A claim is a lease, not a state change: if the claimer dies before it launched the rollout, the
         rollout is offered again when the lease ends. A launched rollout is never offered again.
+
+        A claim named by `claim_key` is idempotent: while rollouts it took are still queued, unlaunched and
+        not taken by another claim since, a claim with the same key gets those rollouts back at once, their
+        lease renewed, and takes no others. So a claimer whose answer was lost (a reset connection, a client
+        timeout) asks again with the same key and loses nothing; at-most-once launches still rest on `launch`.
         """
         deadline = time.monotonic() + wait_seconds
         while True:
+            # Checked on every wake-up: a request with the same key may have claimed while this one waited.
             now = time.time()
+            held = self._held_by(claim_key) if claim_key is not None else []
+            if held:
+                for rollout in held:
+                    rollout.claimed_until = now + lease_seconds
+                return held
             claimed = []
             for rollout in self._rollouts.values():
                 if (
@@ -344,13 +362,26 @@ class RolloutStore:
                     and (takeover or rollout.claimed_until <= now)
                 ):
                     rollout.claimed_until = now + lease_seconds
+                    rollout.claim_key = claim_key
                     claimed.append(rollout)
                     if len(claimed) >= limit:
                         break
             remaining = deadline - time.monotonic()
+            if claimed and claim_key is not None:
+                self._queued_signal.fire()  # a request with the same key waiting now returns these
             if claimed or remaining <= 0:
                 return claimed
             await self._queued_signal.wait(remaining)
+
+    def _held_by(self, claim_key: str) -> list[Rollout]:
+        """The rollouts the claim `claim_key` took that it may still launch."""
+        return [
+            rollout
+            for rollout in self._rollouts.values()
+            if rollout.claim_key == claim_key
+            and rollout.state == RolloutState.QUEUED
+            and rollout.launched_at is None
+        ]
 
     def launch(self, rollout_id: str, *, launch_id: str) -> Rollout:
         """Record that an agent is being launched for this queued rollout; at most one launch id ever wins.

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from asyncrl.gateway.client import GatewayClient, GatewayError
+from asyncrl.gateway.client import GatewayClient, GatewayError, new_claim_key
 from asyncrl.gateway.models import RolloutView
 from asyncrl.operator.agent_jobs import agent_launch, agent_process
 from asyncrl.operator.names import ATTEMPT_ID
@@ -84,17 +84,21 @@ class LocalAgents:
         return [process.pid for process in self._processes if process.returncode is None]
 
     async def run(self) -> None:
+        claim_key = new_claim_key()  # kept until a claim's answer is read: a retry gets what it took
         try:
             while True:
                 try:
                     await self._follow_gateway_instance()
-                    claimed = await self.gateway.claim(limit=64, wait_seconds=30, lease_seconds=600)
+                    claimed = await self.gateway.claim(
+                        limit=64, wait_seconds=30, lease_seconds=600, claim_key=claim_key
+                    )
                 except (httpx.TransportError, GatewayError) as error:
                     if isinstance(error, GatewayError) and error.status < 500:
                         raise
                     logger.debug("claim failed (the gateway is restarting?): %s", error)
                     await asyncio.sleep(0.5)
                     continue
+                claim_key = new_claim_key()
                 for rollout in claimed:
                     await self.slots.acquire()
                     task = asyncio.create_task(self._run_one(rollout))

@@ -56,7 +56,8 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
         http_request: Request, request: Annotated[ClaimRequest | None, Body()] = None
     ) -> dict[str, list[RolloutView]]:
         request = request or ClaimRequest()
-        # A claimer that gives up never leaves rollouts leased to nobody.
+        # A claimer that gives up never leaves rollouts leased to nobody; one whose answer is lost after it
+        # was sent asks again with the same claim key and gets the same rollouts.
         claimed = await unless_disconnected(
             http_request,
             store.claim(
@@ -64,6 +65,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
                 wait_seconds=request.wait_seconds,
                 lease_seconds=request.lease_seconds,
                 takeover=request.takeover,
+                claim_key=request.claim_key,
             ),
         )
         if claimed is None:
