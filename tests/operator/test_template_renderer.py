@@ -194,3 +194,24 @@ async def _start_check_scenario(renderer: TemplateRenderer) -> None:
     arithmetic = GOOD.replace("{{ question }}", '"{{ count + 1 }}"')
     assert await _check(renderer, arithmetic, None) is None
     assert await _check(renderer, NESTED_LOOP, None) is not None
+
+
+def test_the_start_check_names_a_field_the_job_schema_lacks_and_a_refused_label() -> None:
+    """The API server would drop `comand:` (agents without their command) and refuse a label with a space
+    (a 422 for every Job): the operator's start check fails the run on them, as `asyncrl validate` does."""
+    _with_renderer(_schema_scenario)
+
+
+async def _schema_scenario(renderer: TemplateRenderer) -> None:
+    comand = GOOD.replace("        env:\n", "        comand: [python]\n        env:\n")
+    for row in ({"question": "q"}, None):
+        reason = await _check(renderer, comand, row)
+        assert reason == (
+            "agent template: spec.template.spec.containers[0].comand: unknown field; did you mean command?"
+        )
+    labelled = GOOD.replace(
+        "spec:\n  template:\n", "metadata:\n  labels: {team: ml team}\nspec:\n  template:\n"
+    )
+    reason = await _check(renderer, labelled, {"question": "q"})
+    assert reason is not None
+    assert reason.startswith("agent template: metadata.labels.team: label value 'ml team' must be")

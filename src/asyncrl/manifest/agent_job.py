@@ -26,6 +26,7 @@ from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.operator import names
 from asyncrl.operator.agent_jobs import AgentJobSettings, agent_launch, shape_agent_job
 from asyncrl.operator.children import gateway_service_url, owner_reference
+from asyncrl.operator.job_schema import job_schema_problems
 from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.operator.renderer import RendererUnavailable, RenderSettings, TemplateRenderer
 from asyncrl.operator.templates import TemplateError
@@ -189,6 +190,9 @@ async def render_agent_job(
         raise RenderFailed(str(error)) from error
     finally:
         await renderer.close()
+    problems = job_schema_problems(rendered, check_scalars=not row.is_placeholder)
+    if problems:  # the API server would drop an unknown field, or refuse the Job (422)
+        raise RenderFailed("\n".join(f"agent template: {problem}" for problem in problems))
     agent_env = {**launch.env, ENV_KEY: PLACEHOLDER_KEY}
     return shape_agent_job(
         rendered,
@@ -241,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{command}: {args.manifest}: {' '.join(str(problem).split())}", file=sys.stderr)
         return 1
     except RenderFailed as error:
-        print(f"{command}: {args.manifest}: {error}", file=sys.stderr)
+        for line in str(error).splitlines():
+            print(f"{command}: {args.manifest}: {line}", file=sys.stderr)
         return 1
     what = f"row {row.index}" if row.index is not None else "a placeholder row (fields render as <name>)"
     print(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.operator import render_worker
+from asyncrl.operator.job_schema import job_schema_problems
 from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.operator.templates import RenderLimits, TemplateError, sample_variables
 
@@ -174,7 +175,7 @@ async def check_template(
         first_row, run_name=run_name, namespace=namespace, job_name=job_name, attempt_id=attempt_id
     )
     try:
-        await renderer.render(source, variables, sample=first_row is None)
+        job = await renderer.render(source, variables, sample=first_row is None)
     except TemplateError as error:
         if first_row is None and error.row_dependent:
             logger.info(
@@ -182,4 +183,6 @@ async def check_template(
             )
             return None
         return str(error)
-    return None
+    # Fields the Job schema lacks (the API server would drop `comand:`), labels and quantities it refuses
+    problems = job_schema_problems(job, check_scalars=first_row is not None)
+    return f"agent template: {'; '.join(problems)}" if problems else None

@@ -167,8 +167,27 @@ def test_an_unknown_key_is_named_with_the_nearest_verl_key() -> None:
 
 
 def test_a_value_of_the_wrong_type_is_refused_before_any_gpu_work() -> None:
-    with pytest.raises(VerlConfigError, match=r"'actor_rollout_ref.actor.optim.lr' takes a number"):
-        verl_config(trainer={"verlOverrides": {"actor_rollout_ref.actor.optim.lr": "fast"}})
+    # (The learning rate's type is refused earlier, when the run is loaded: tests/api/test_types.py.)
+    key = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    with pytest.raises(VerlConfigError, match=rf"'{key}' takes a number"):
+        verl_config(trainer={"verlOverrides": {key: "half"}})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "nearest"),
+    [
+        ("algorithm.adv_estimator", "grpoo", "grpo"),
+        ("algorithm.adv_estimator", "GRPO", "grpo"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", "vanila", "vanilla"),
+    ],
+)
+def test_a_name_verl_looks_up_only_at_the_first_update_is_refused_with_the_nearest(
+    key: str, value: str, nearest: str
+) -> None:
+    with pytest.raises(VerlConfigError) as raised:
+        verl_config(trainer={"verlOverrides": {key: value}})
+    assert f"{key!r} = {value!r} is not one of verl's" in str(raised.value)
+    assert f"did you mean {nearest!r}?" in str(raised.value)
 
 
 def test_verls_own_validation_runs_and_its_reason_is_shown() -> None:

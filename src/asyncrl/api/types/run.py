@@ -7,6 +7,8 @@ names each failing field by its path on the wire; `check_update` mirrors the CRD
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -180,6 +182,19 @@ def _scalar_message(detail: ErrorDetails) -> str | None:
     return f"must be {expected}, not {type(given).__name__} {given!r}"
 
 
+def _enum_hint(detail: ErrorDetails) -> str:
+    """`; did you mean 'Token'?` for `token` or `Tokn`: enum values are CamelCase, as Kubernetes' own are."""
+    given = detail.get("input")
+    if not isinstance(given, str):
+        return ""
+    allowed = re.findall(r"'([^']*)'", str(detail.get("ctx", {}).get("expected", "")))
+    folded = {value.lower(): value for value in allowed}
+    close = (
+        [folded[given.lower()]] if given.lower() in folded else difflib.get_close_matches(given, allowed, n=1)
+    )
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _field_error(detail: ErrorDetails) -> FieldError:
     location = [str(part) if isinstance(part, str) else f"[{part}]" for part in detail["loc"]]
     cause = detail.get("ctx", {}).get("error")
@@ -187,6 +202,8 @@ def _field_error(detail: ErrorDetails) -> FieldError:
         location.extend(cause.field_path)
     message = str(cause) if isinstance(cause, ValueError) else _scalar_message(detail) or detail["msg"]
     path = ".".join(location).replace(".[", "[")
+    if detail["type"] == "enum":
+        message += _enum_hint(detail)
     if detail["type"] == "extra_forbidden":
         if path in RENAMED_FIELDS:
             message = f"renamed to {RENAMED_FIELDS[path]} (CHANGELOG.md)"

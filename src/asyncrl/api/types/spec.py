@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from asyncrl.api.kube_values import label_key_problem, label_problems, resource_problems
 from asyncrl.api.types.meta import ApiModel, FieldRuleError, cel_rules, section
 from asyncrl.api.types.rules import (
     ASYNC_WINDOW_RULE,
@@ -51,7 +52,7 @@ from asyncrl.api.types.verl_layout import (
     VerlLayout,
     layout_errors,
 )
-from asyncrl.api.types.verl_overrides import flatten_overrides, owned_key_errors
+from asyncrl.api.types.verl_overrides import flatten_overrides, learning_rate_errors, owned_key_errors
 from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
 from asyncrl.pausing import DrainPolicy, PauseMode
 from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
@@ -119,6 +120,15 @@ class ResourceRequirements(ApiModel):
         default=None, description="Resources the scheduler reserves for the container (e.g. cpu: 8)."
     )
 
+    @model_validator(mode="after")
+    def _quantities_the_api_server_takes(self) -> Self:
+        """No negative quantity, no limit below its request: the API server refuses the pod (422)."""
+        problems = resource_problems(self.limits, self.requests)
+        if problems:
+            first = next(iter(problems))
+            raise FieldRuleError("; ".join(problems.values()), field_path=tuple(first.split(".", 1)))
+        return self
+
 
 # Pod Security Standards' `restricted` profile for a container: the trainer's and gateway's default, so that
 # a run starts in a namespace that enforces it (both images run as the numeric non-root user 10001).
@@ -162,6 +172,29 @@ class PodTemplateMetadata(ApiModel):
         "asyncrl.dev/run) keep the operator's values.",
     )
     annotations: dict[str, str] | None = Field(default=None, description="Annotations of the trainer pod.")
+
+    @field_validator("labels")
+    @classmethod
+    def _valid_labels(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return _checked_labels(value)
+
+    @field_validator("annotations")
+    @classmethod
+    def _valid_annotation_keys(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key in value or {}:
+            problem = label_key_problem(key)
+            if problem is not None:
+                raise FieldRuleError(problem.replace("label key", "annotation key"), field_path=(key,))
+        return value
+
+
+def _checked_labels(value: dict[str, str] | None) -> dict[str, str] | None:
+    """Label keys and values the API server takes (a 422 for the trainer Job otherwise)."""
+    problems = label_problems(value or {})
+    if problems:
+        first = next(iter(problems))
+        raise FieldRuleError("; ".join(problems.values()), field_path=(first,))
+    return value
 
 
 class TrainerContainerTemplate(ApiModel):
@@ -208,6 +241,12 @@ class TrainerPodTemplate(ApiModel):
     node_selector: dict[str, str] | None = Field(
         default=None, description="Node labels the trainer pod must be scheduled on (e.g. a GPU type)."
     )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _valid_node_labels(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return _checked_labels(value)
+
     tolerations: list[dict[str, Any]] | None = Field(
         default=None,
         description=f"corev1 Tolerations of the trainer pod (e.g. of GPU node taints), {_FREE_FORM}.",
@@ -551,7 +590,7 @@ class TrainerSpec(ApiModel):
     @field_validator("verl_overrides")
     @classmethod
     def _no_owned_verl_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        errors = owned_key_errors(value or {})
+        errors = owned_key_errors(value or {}) + learning_rate_errors(flatten_overrides(value or {}))
         if errors:
             raise ValueError("; ".join(errors))
         rollout_sampling_of(flatten_overrides(value or {}))  # the gateway enforces these: numbers, in range

@@ -147,3 +147,29 @@ def owned_key_errors(overrides: Mapping[str, Any]) -> list[str]:
                 errors.append(f"{key!r} is set by {by.set_by}; remove it from spec.trainer.verlOverrides")
                 break
     return errors
+
+
+# The one verl key the Reference backend reads (its learning rate): one manifest tunes both backends alike.
+LEARNING_RATE_KEY = "actor_rollout_ref.actor.optim.lr"
+REFERENCE_BACKEND_KEYS = (LEARNING_RATE_KEY,)
+
+
+def learning_rate_errors(flat: Mapping[str, Any]) -> list[str]:
+    """The learning rate must be a number on both backends (verl's default is a float; Reference reads it)."""
+    value = flat.get(LEARNING_RATE_KEY, flat.get("+" + LEARNING_RATE_KEY))
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return []
+    hint = ""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            pass
+        else:  # PyYAML (YAML 1.1) reads 1e-6, without a dot, as a string
+            hint = f"; YAML 1.1 reads {value} without a dot as text: write it as a number such as 1.0e-6"
+    return [f"{LEARNING_RATE_KEY!r} must be a number (e.g. 1.0e-6), not {value!r}{hint}"]
+
+
+def reference_ignored_keys(overrides: Mapping[str, Any]) -> list[str]:
+    """The flat keys of `overrides` that the Reference backend does not read (all but its learning rate)."""
+    return [key for key in flatten_overrides(overrides) if key.lstrip("+") not in REFERENCE_BACKEND_KEYS]

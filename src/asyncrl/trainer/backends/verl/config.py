@@ -161,8 +161,39 @@ def compose_verl_config(settings: VerlSettings) -> Any:
         _set(config, key, value, source="spec.trainer.verlOverrides")
     for key, value in settings.owned().items():
         _set(config, key, value, source="the run")
+    check_registered_names(config)
     validate(config)
     return config
+
+
+# verl settings whose value names an entry of one of verl's registries: verl looks it up only at the first
+# update (an unknown name raises there, on the GPU machine), so it is checked here against the registry.
+REGISTERED_NAME_KEYS = {
+    "algorithm.adv_estimator": ("ADV_ESTIMATOR_REGISTRY", "advantage estimators"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ("POLICY_LOSS_REGISTRY", "policy losses"),
+}
+
+
+def check_registered_names(config: Any) -> None:
+    """`algorithm.adv_estimator: grpoo` is refused naming the nearest of verl's names."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo import core_algos
+
+    for key, (registry_name, what) in REGISTERED_NAME_KEYS.items():
+        value = OmegaConf.select(config, key, default=None)
+        registry = getattr(core_algos, registry_name)
+        if value is None or str(value) in registry:
+            continue
+        known = sorted(registry)
+        folded = {name.lower(): name for name in known}
+        close = difflib.get_close_matches(str(value), known, n=1) or (
+            [folded[str(value).lower()]] if str(value).lower() in folded else []
+        )
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise VerlConfigError(
+            f"spec.trainer.verlOverrides: {key!r} = {value!r} is not one of verl's {what}{hint} "
+            f"(verl has: {', '.join(known)})"
+        )
 
 
 def validate(config: Any) -> None:
