@@ -73,7 +73,9 @@ def test_invalid_json_and_huge_integers_are_a_400() -> None:
 def test_route_access_lets_an_agent_token_reach_only_its_rollout_routes() -> None:
     assert route_access("GET", "/metrics") == RouteAccess(public=True)
     assert route_access("GET", "/api/rollouts/r1") == RouteAccess(rollout_id="r1")
-    assert route_access("POST", "/api/rollouts/r1/attempt/a1/events") == RouteAccess(rollout_id="r1")
+    assert route_access("POST", "/api/rollouts/r1/attempt/a1/events") == RouteAccess(
+        rollout_id="r1", event=True
+    )
     for method, path in [
         ("GET", "/api/rollouts/r1/events"),
         ("POST", "/api/rollouts/r1/transition"),

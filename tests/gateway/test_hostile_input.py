@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from asyncrl.gateway.door import EVENT_ENVELOPE_BYTES
 from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
 
 CHAT = {"model": "anything", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -136,19 +137,19 @@ def test_chunked_bodies_over_the_limit_with_a_valid_token_get_413_naming_the_lim
     guarded: RunningGateway,
 ) -> None:
     _running(guarded, "big-r1")
-    over = BODY_LIMIT + 1
+    event_limit = EVENT_BYTES_LIMIT + EVENT_ENVELOPE_BYTES  # an event's body: no more than it may store
     with guarded.management() as admin, guarded.agent("big-r1") as agent:
-        for client, path in [
-            (admin, "/api/rollouts"),
-            (agent, _events_path("big-r1")),
-            (agent, guarded.proxy_path("big-r1")),
+        for client, path, limit, setting in [
+            (admin, "/api/rollouts", BODY_LIMIT, "--max-body-bytes"),
+            (agent, _events_path("big-r1"), event_limit, "--max-event-bytes"),
+            (agent, guarded.proxy_path("big-r1"), BODY_LIMIT, "--max-body-bytes"),
         ]:
-            response = client.post(path, content=_chunks(over), headers=JSON)
+            response = client.post(path, content=_chunks(limit + 1), headers=JSON)
             assert response.status_code == 413, (path, response.text)
-            assert response.json()["limit_bytes"] == BODY_LIMIT
-            assert response.json()["setting"] == "--max-body-bytes"
+            assert response.json()["limit_bytes"] == limit
+            assert response.json()["setting"] == setting
         # Just under the limit is read and judged on its content.
-        under = agent.post(_events_path("big-r1"), content=_chunks(BODY_LIMIT), headers=JSON)
+        under = agent.post(_events_path("big-r1"), content=_chunks(event_limit), headers=JSON)
         assert under.status_code == 400
     assert_run_unaffected(guarded, "big-r1")
 

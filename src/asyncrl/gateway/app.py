@@ -7,15 +7,21 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from asyncrl.gateway.api import build_api
+from asyncrl.gateway.budgets import AgentBudgets
 from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.connections import record_caller
 from asyncrl.gateway.door import (
     BODY_METHODS,
     CLIENT_GONE,
+    PARSED_BODY_SCOPE_KEY,
+    Caller,
     ClientGone,
     Refused,
     authorize,
+    body_limit,
+    enter_share,
     parse_json,
-    read_body,
+    read_charged_body,
     replay,
     route_access,
 )
@@ -38,6 +44,7 @@ class Gateway:
     metrics: GatewayMetrics
     proxy: ProxyHandler
     api: FastAPI
+    budgets: AgentBudgets
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
@@ -48,27 +55,60 @@ class Gateway:
             await self._at_the_door(scope, receive, send)
 
     async def _at_the_door(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Token, then body bytes, then JSON: each refused before the next is looked at (see door.py)."""
+        """Token, then the agent's share, then body bytes, then JSON: each refused before the next is looked
+        at (see door.py). The parsed body goes to the route in the scope, so it is parsed once."""
         authorization = content_length = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
             elif name == b"content-length":
                 content_length = value.decode("latin-1")
+        access = route_access(scope["method"], scope["path"])
+        agent: str | None = None  # the rollout whose agent token is calling: its share is charged
         try:
-            authorize(self.key, authorization, route_access(scope["method"], scope["path"]))
-            body = await read_body(receive, limit=self.config.max_body_bytes, declared_length=content_length)
-            if body and scope["method"] in BODY_METHODS:
-                parse_json(body, max_depth=self.config.max_json_depth)
+            caller = authorize(self.key, authorization, access)
+            record_caller(scope, caller)
+            if caller is Caller.AGENT:
+                agent = access.rollout_id
+            enter_share(self.budgets, agent)
         except Refused as refused:
-            if refused.rejection_reason is not None:
-                self.metrics.rejections.labels(refused.rejection_reason).inc()
-            await send_json(send, refused.status, refused.body, refused.headers)
+            await self._refuse(send, refused)
             return
-        except ClientGone:  # left mid-body: nothing to answer, nothing went wrong here
-            self.metrics.requests.labels(DOOR_ROUTE, str(CLIENT_GONE)).inc()
-            return
-        await self.api(scope, replay(body, receive), send)
+        try:
+            try:
+                body = await read_charged_body(
+                    receive,
+                    budgets=self.budgets,
+                    rollout_id=agent,
+                    limit=body_limit(
+                        access,
+                        max_body_bytes=self.config.max_body_bytes,
+                        max_event_bytes=self.config.max_event_bytes,
+                    ),
+                    declared_length=content_length,
+                    timeout_seconds=self.config.body_timeout_seconds,
+                )
+                if body and scope["method"] in BODY_METHODS:
+                    scope[PARSED_BODY_SCOPE_KEY] = parse_json(
+                        body,
+                        max_depth=self.config.max_json_depth,
+                        count_parsed=self.metrics.parsed_body_bytes.inc,
+                    )
+            except Refused as refused:
+                await self._refuse(send, refused)
+                return
+            except ClientGone:  # left mid-body: nothing to answer, nothing went wrong here
+                self.metrics.requests.labels(DOOR_ROUTE, str(CLIENT_GONE)).inc()
+                return
+            await self.api(scope, replay(body, receive), send)
+        finally:
+            if agent is not None:
+                self.budgets.leave(agent)
+
+    async def _refuse(self, send: Send, refused: Refused) -> None:
+        if refused.rejection_reason is not None:
+            self.metrics.rejections.labels(refused.rejection_reason).inc()
+        await send_json(send, refused.status, refused.body, refused.headers)
 
     @property
     def key(self) -> str:
@@ -86,6 +126,9 @@ def build_gateway(config: GatewayConfig) -> Gateway:
     )
     metrics = GatewayMetrics()
     metrics.watch_capture(lambda: store.capture_bytes)
-    proxy = ProxyHandler(config=config, pause=pause, store=store, metrics=metrics)
+    budgets = AgentBudgets(config.agent_budget)
+    proxy = ProxyHandler(config=config, pause=pause, store=store, metrics=metrics, budgets=budgets)
     api = build_api(config=config, pause=pause, store=store, metrics=metrics, proxy=proxy)
-    return Gateway(config=config, pause=pause, store=store, metrics=metrics, proxy=proxy, api=api)
+    return Gateway(
+        config=config, pause=pause, store=store, metrics=metrics, proxy=proxy, api=api, budgets=budgets
+    )

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
+from asyncrl.gateway.budgets import AgentBudget
+from asyncrl.gateway.connections import ConnectionLimits
 from asyncrl.pausing import PauseMode
 from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 
@@ -143,6 +145,19 @@ class GatewayConfig(BaseModel):
         "consumes rollouts.",
     )
 
+    body_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A request body not all received this long after its headers gets 408.",
+    )
+    agent_budget: AgentBudget = Field(
+        default_factory=AgentBudget, description="What one agent token may use of the gateway."
+    )
+    connections: ConnectionLimits = Field(
+        default_factory=ConnectionLimits, description="Connection timeouts and the connection cap."
+    )
+
     sampling_params: SamplingParamsPolicy = Field(
         default=SamplingParamsPolicy.ENFORCE,
         description="Enforce, Reject or Allow the agents' own temperature/top_p/top_k on train-mode calls.",
@@ -150,6 +165,17 @@ class GatewayConfig(BaseModel):
     rollout_sampling: RolloutSampling = Field(
         default_factory=RolloutSampling, description="The run's rollout sampling settings."
     )
+
+    @model_validator(mode="after")
+    def _burst_holds_a_body(self) -> GatewayConfig:
+        if self.agent_budget.burst_bytes < self.max_body_bytes:
+            raise PydanticCustomError(
+                "agent_burst",
+                "--agent-burst-bytes ({burst}) must be at least --max-body-bytes ({body}), or an agent's "
+                "largest body is always refused",
+                {"burst": self.agent_budget.burst_bytes, "body": self.max_body_bytes},
+            )
+        return self
 
     @field_validator("upstreams")
     @classmethod

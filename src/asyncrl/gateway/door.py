@@ -6,10 +6,16 @@ costs anything:
 
 1. who is calling: the bearer token, checked from the headers alone, before any body byte is read (FastAPI
    reads and parses a body before it runs a route's dependencies, so the check cannot live there);
-2. how many body bytes: counted while they arrive, chunked bodies included, so memory never holds more
-   than the limit, and the request is refused (413) as soon as it passes it;
-3. what the JSON holds: nesting depth and non-finite numbers (NaN, Infinity, 1e400), so that whatever is
-   stored can always be serialized again, as strict JSON, for the trainer's reads.
+2. how many body bytes: counted while they arrive, chunked bodies included, against the route's own limit
+   (an agent's event body cannot be larger than the event data its rollout may store), so memory never
+   holds more than the limit, and the request is refused (413) as soon as it passes it; a body that does
+   not arrive within its timeout is refused (408);
+3. what the JSON holds: nesting depth, measured on the bytes before anything is parsed, then one parse
+   (msgspec, in C) that also refuses non-finite numbers (NaN, Infinity, 1e400), so that whatever is stored
+   can always be serialized again, as strict JSON, for the trainer's reads.
+
+Between 1 and 2, an agent token's budget (`budgets.py`: requests in flight, body bytes per second) is
+charged, so one agent cannot take the event loop from the others.
 
 The route table below is the one place that says which routes an agent token may call; the FastAPI
 dependencies in `api.py` repeat the same rule as a second line of defence.
@@ -17,15 +23,21 @@ dependencies in `api.py` repeat the same rule as a second line of defence.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
+import msgspec
+
 from asyncrl.gateway.auth import Access, bearer, check_access, pool_token
+from asyncrl.gateway.budgets import AgentBudgets, OverBudget
+from asyncrl.gateway.pause import header_seconds
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -36,6 +48,10 @@ _ROLLOUT_READ = re.compile(r"^/api/rollouts/(?P<rollout_id>[^/]+)$")
 _ROLLOUT_EVENTS = re.compile(r"^/api/rollouts/(?P<rollout_id>[^/]+)/attempt/[^/]+/events$")
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _FIELD_PARTS_SHOWN = 8
+# An event's body beyond its data: `event_type` (64 characters at most), the keys, some whitespace.
+EVENT_ENVELOPE_BYTES = 4096
+# The parsed body, handed to the route in the request's scope so that it is not parsed a second time.
+PARSED_BODY_SCOPE_KEY = "asyncrl.parsed_body"
 
 
 CLIENT_GONE = 499  # the metric's status for a request whose client disconnected (nothing is sent)
@@ -43,6 +59,15 @@ CLIENT_GONE = 499  # the metric's status for a request whose client disconnected
 
 class ClientGone(Exception):
     """The client disconnected (mid-body, or while its call was held): there is no one to answer."""
+
+
+class Caller(IntEnum):
+    """Who a request proved to be, in increasing trust; the connection keeps the highest it has seen."""
+
+    ANYONE = 0  # a public route (health, metrics): no credential checked
+    AGENT = 1  # a rollout's agent token: the budgets apply
+    POOL = 2  # the agent pool's token
+    KEY = 3  # the gateway key: the trainer and the operator
 
 
 class Refused(Exception):
@@ -72,11 +97,13 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class RouteAccess:
-    """What a route needs: nothing (`public`), the gateway key, or a token for `rollout_id`."""
+    """What a route needs: nothing (`public`), the gateway key, or a token for `rollout_id`; and the most
+    body bytes it takes from an agent (None: the gateway's --max-body-bytes)."""
 
     public: bool = False
     rollout_id: str | None = None  # None and not public: the gateway key
     pool: bool = False  # the agent pool's routes: the gateway key or the pool token (pool_api.py)
+    event: bool = False  # an agent's event: its body is bounded by the event limit, not the body limit
 
 
 def route_access(method: str, path: str) -> RouteAccess:
@@ -86,55 +113,105 @@ def route_access(method: str, path: str) -> RouteAccess:
     if method == "GET" and (match := _ROLLOUT_READ.match(path)):
         return RouteAccess(rollout_id=match["rollout_id"])
     if method == "POST" and (match := _ROLLOUT_EVENTS.match(path)):
-        return RouteAccess(rollout_id=match["rollout_id"])
+        return RouteAccess(rollout_id=match["rollout_id"], event=True)
     if path.startswith(POOL_PATH_PREFIX):
         return RouteAccess(pool=True)
     return RouteAccess()
 
 
-def authorize(key: str, authorization: str | None, access: RouteAccess) -> None:
-    """Return when the caller may proceed; else refuse with 401 (no token) or 403 (wrong token)."""
+# A refused credential ends the connection after the answer: it is not kept open for another guess.
+_CLOSE = {"connection": "close"}
+
+
+def authorize(key: str, authorization: str | None, access: RouteAccess) -> Caller:
+    """Who the caller is when it may proceed; else refuse with 401 (no token) or 403 (wrong token)."""
     if access.public:
-        return
+        return Caller.ANYONE
     token = bearer(authorization)
     if access.pool and token is not None and hmac.compare_digest(token.encode(), pool_token(key).encode()):
-        return
+        return Caller.POOL
     granted = check_access(key, authorization, access.rollout_id)
-    if granted is Access.MANAGEMENT or (granted is Access.ROLLOUT and access.rollout_id is not None):
-        return
+    if granted is Access.MANAGEMENT:
+        return Caller.KEY
+    if granted is Access.ROLLOUT and access.rollout_id is not None:
+        return Caller.AGENT
     if granted is Access.MISSING:
         needed = "the gateway key" if access.rollout_id is None else "the gateway key or this rollout's token"
         raise Refused(
             401,
             f"missing bearer token ({needed})",
             rejection_reason="unauthenticated",
-            headers={"www-authenticate": "Bearer"},
+            headers={"www-authenticate": "Bearer", **_CLOSE},
         )
     if access.rollout_id is None:
-        raise Refused(403, "this route needs the gateway key", rejection_reason="forbidden")
-    raise Refused(403, "this token is not valid for this rollout", rejection_reason="forbidden")
+        raise Refused(403, "this route needs the gateway key", rejection_reason="forbidden", headers=_CLOSE)
+    raise Refused(
+        403, "this token is not valid for this rollout", rejection_reason="forbidden", headers=_CLOSE
+    )
 
 
 # -- how many bytes -------------------------------------------------------------------------------------
 
 
-def too_large(limit: int) -> Refused:
+@dataclass(frozen=True)
+class BodyLimit:
+    """The most bytes a route's body may have, and the flag that sets it (named in the 413)."""
+
+    limit_bytes: int
+    setting: str
+
+
+def body_limit(access: RouteAccess, *, max_body_bytes: int, max_event_bytes: int) -> BodyLimit:
+    """An agent's event carries at most the event data its rollout may store (plus its envelope): a larger
+    body could never be stored, so it is refused while it arrives instead of after it was parsed."""
+    if access.event and max_event_bytes + EVENT_ENVELOPE_BYTES < max_body_bytes:
+        return BodyLimit(max_event_bytes + EVENT_ENVELOPE_BYTES, "--max-event-bytes")
+    return BodyLimit(max_body_bytes, "--max-body-bytes")
+
+
+def too_large(limit: BodyLimit) -> Refused:
     return Refused(
         413,
         "request body too large",
         rejection_reason="body_too_large",
-        limit_bytes=limit,
-        setting="--max-body-bytes",
+        headers=_CLOSE,  # the rest of the body is not read: the connection ends with the answer
+        limit_bytes=limit.limit_bytes,
+        setting=limit.setting,
     )
 
 
-async def read_body(receive: Receive, *, limit: int, declared_length: str | None) -> bytes:
-    """The whole body, refused (413) as soon as it passes `limit` bytes, whether declared or chunked.
+def declared_size(declared_length: str | None) -> int | None:
+    """The Content-Length as a number; None when absent (chunked) or not a number (the server refuses it)."""
+    if declared_length is not None and declared_length.isdigit():
+        return int(declared_length)
+    return None
 
-    Nothing past the limit is kept; the server discards what the client still sends after the answer.
+
+async def read_body(
+    receive: Receive, *, limit: BodyLimit, declared_length: str | None, timeout_seconds: float
+) -> bytes:
+    """The whole body, refused (413) as soon as it passes its limit, whether declared or chunked, and (408)
+    when it has not all arrived within `timeout_seconds` of the headers.
+
+    Nothing past the limit is kept; the connection is closed with the answer.
     """
-    if declared_length is not None and declared_length.isdigit() and int(declared_length) > limit:
+    declared = declared_size(declared_length)
+    if declared is not None and declared > limit.limit_bytes:
         raise too_large(limit)
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            return await _read_chunks(receive, limit)
+    except TimeoutError:
+        raise Refused(
+            408,
+            f"request body not received within {timeout_seconds:g} s",
+            rejection_reason="body_timeout",
+            headers=_CLOSE,
+            setting="--body-timeout-seconds",
+        ) from None
+
+
+async def _read_chunks(receive: Receive, limit: BodyLimit) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -143,12 +220,67 @@ async def read_body(receive: Receive, *, limit: int, declared_length: str | None
             raise ClientGone()
         chunk: bytes = message.get("body", b"")
         size += len(chunk)
-        if size > limit:
+        if size > limit.limit_bytes:
             raise too_large(limit)
         if chunk:
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+# -- each agent's share ---------------------------------------------------------------------------------
+
+_BUDGET_SETTINGS = {"requests": "--agent-max-requests", "bytes": "--agent-bytes-per-second"}
+
+
+def over_budget(error: OverBudget) -> Refused:
+    seconds = error.retry_after_seconds
+    what = "requests in flight" if error.budget == "requests" else "body bytes per second"
+    return Refused(
+        429,
+        f"this agent token is over its budget of {what}; retry after the Retry-After",
+        rejection_reason=f"agent_{error.budget}_budget",
+        headers={"retry-after": header_seconds(seconds), "retry-after-ms": str(round(seconds * 1000))},
+        setting=_BUDGET_SETTINGS[error.budget],
+    )
+
+
+def enter_share(budgets: AgentBudgets, rollout_id: str | None) -> None:
+    """Count an agent's request in flight (`rollout_id` None: not an agent, nothing counted); 429 when over.
+    Every successful call is paired with `budgets.leave(rollout_id)`."""
+    if rollout_id is None:
+        return
+    try:
+        budgets.enter(rollout_id)
+    except OverBudget as error:
+        raise over_budget(error) from None
+
+
+async def read_charged_body(
+    receive: Receive,
+    *,
+    budgets: AgentBudgets,
+    rollout_id: str | None,
+    limit: BodyLimit,
+    declared_length: str | None,
+    timeout_seconds: float,
+) -> bytes:
+    """`read_body`, with an agent's body charged to its byte budget: before it is read when its length is
+    declared, else once it has arrived (before it is parsed). `rollout_id` None: not an agent's."""
+    declared = declared_size(declared_length)
+    if declared is not None and declared > limit.limit_bytes:
+        raise too_large(limit)
+    try:
+        if rollout_id is not None and declared is not None:
+            budgets.charge(rollout_id, declared)
+        body = await read_body(
+            receive, limit=limit, declared_length=declared_length, timeout_seconds=timeout_seconds
+        )
+        if rollout_id is not None and declared is None:
+            budgets.charge(rollout_id, len(body))
+    except OverBudget as error:
+        raise over_budget(error) from None
+    return body
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
@@ -209,13 +341,67 @@ _STRICT = json.JSONDecoder(parse_constant=_refuse, parse_float=_finite_or_refuse
 _MARKING = json.JSONDecoder(parse_constant=_NonFinite, parse_float=_finite_or_mark)
 
 
-def parse_json(raw: bytes, *, max_depth: int) -> Any:
+_DECODER = msgspec.json.Decoder()
+# A refused body this small is parsed again (by the standard parser) to name its field; a larger one is not.
+NAMING_PARSE_MAX_BYTES = 64 * 1024
+# Byte maps of the depth measure: every bracket becomes ( or ), everything else is deleted.
+_TO_PARENS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+
+
+def nested_deeper_than(raw: bytes, max_depth: int) -> bool:
+    """Whether valid JSON `raw` nests containers more than `max_depth` deep, from its bytes alone.
+
+    String contents are dropped first (escaped backslashes and quotes, then every other quoted piece), the
+    brackets left are reduced to parentheses, and each pass removes the innermost pairs: after `max_depth`
+    passes, something is left only when the JSON was deeper. Every step is a C loop over bytes, so a body of
+    millions of containers costs milliseconds, not the seconds a walk of its parsed value took. Bodies that
+    are not valid JSON may be measured wrongly; the parser refuses them anyway.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return False
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    structure = b"".join(unescaped.split(b'"')[::2]).translate(_TO_PARENS, _NOT_BRACKETS)
+    for _ in range(max_depth):
+        reduced = structure.replace(b"()", b"")
+        if not reduced or reduced == structure:  # done, or unbalanced (invalid JSON: the parser says so)
+            return False
+        structure = reduced
+    return True
+
+
+def parse_json(raw: bytes, *, max_depth: int, count_parsed: Callable[[int], None] | None = None) -> Any:
     """The body as JSON, refused when invalid (400), nested deeper than `max_depth`, or not finite (422).
 
     Not finite: NaN, Infinity, or a number too large for a float (1e400), which would come back as Infinity.
-    The depth is walked only when the bytes hold more brackets than the limit, so ordinary model calls cost
-    one parse and two byte scans.
+    The depth is measured on the bytes first, then the body is parsed once, in C (msgspec). A refused body is
+    parsed again by the slower standard parser to name the field at fault only when it is small; a larger
+    one too deep is refused unparsed. `count_parsed` is told the size of every body handed to a parser.
     """
+    too_deep = nested_deeper_than(raw, max_depth)
+    if too_deep and len(raw) > NAMING_PARSE_MAX_BYTES:
+        raise _too_deep(max_depth, path=None)
+    if count_parsed is not None:
+        count_parsed(len(raw))
+    if not too_deep:
+        try:
+            return _DECODER.decode(raw)
+        except RecursionError:  # unbalanced brackets deeper than msgspec goes: named below
+            pass
+        except msgspec.DecodeError as error:
+            detail = str(error)
+            if b"NaN" not in raw and b"Infinity" not in raw and "out of range" not in detail:
+                raise Refused(
+                    400,
+                    "request body is not valid JSON",
+                    rejection_reason="json_invalid",
+                    detail=detail[:300],
+                ) from error
+    return _parse_naming_the_field(raw, max_depth=max_depth)
+
+
+def _parse_naming_the_field(raw: bytes, *, max_depth: int) -> Any:
+    """The standard library's parse, which names the field of a non-finite number or a too-deep value."""
     try:
         text = raw.decode(json.detect_encoding(raw), "surrogatepass")
         try:

@@ -118,6 +118,19 @@ class GatewayMetrics:
             "starts, so under one gateway a rising count is its trainer restarting.",
             registry=self.registry,
         )
+        self.connections_closed = Counter(
+            "asyncrl_gateway_connections_closed",
+            "Connections the gateway closed itself (connections.py), by reason: header_timeout, "
+            "header_too_large, idle, room (closed for a new connection at --max-connections), full (the new "
+            "connection itself: every open one was in a request or held the key).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.parsed_body_bytes = Counter(
+            "asyncrl_gateway_parsed_body_bytes",
+            "Request body bytes parsed as JSON (each body once; a body too large is refused unparsed).",
+            registry=self.registry,
+        )
         self.drain_seconds = Gauge(
             "asyncrl_gateway_last_drain_seconds",
             "Duration of the last pause's drain.",

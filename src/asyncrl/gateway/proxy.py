@@ -24,17 +24,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgspec
 
+from asyncrl.gateway.budgets import AgentBudgets
 from asyncrl.gateway.capture import capture_call, request_overrides
 from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.connections import record_caller
 from asyncrl.gateway.door import (
     CLIENT_GONE,
+    BodyLimit,
+    Caller,
     ClientGone,
     Refused,
     RouteAccess,
     authorize,
+    enter_share,
     parse_json,
-    read_body,
+    read_charged_body,
 )
 from asyncrl.gateway.hold import HeldCalls, HoldRefused
 from asyncrl.gateway.metrics import GatewayMetrics
@@ -55,6 +61,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 ROUTE = "proxy"
+_ENCODER = msgspec.json.Encoder()  # the forwarded body: one C encode, as the door parsed it with one C decode
 
 
 class Upstreams:
@@ -93,9 +100,17 @@ class Upstreams:
 
 class ProxyHandler:
     def __init__(
-        self, *, config: GatewayConfig, pause: PauseState, store: RolloutStore, metrics: GatewayMetrics
+        self,
+        *,
+        config: GatewayConfig,
+        pause: PauseState,
+        store: RolloutStore,
+        metrics: GatewayMetrics,
+        budgets: AgentBudgets | None = None,
     ) -> None:
         self.config = config
+        self.budgets = budgets if budgets is not None else AgentBudgets(config.agent_budget)
+        self.body_limit = BodyLimit(config.max_body_bytes, "--max-body-bytes")
         self.key = config.key.get_secret_value()
         self.pause = pause
         self.store = store
@@ -163,13 +178,39 @@ class ProxyHandler:
         if scope["method"] != "POST":
             raise Refused(405, "method not allowed", headers={"allow": "POST"})
         headers = _headers(scope)
-        authorize(self.key, headers.get("authorization"), RouteAccess(rollout_id=rollout_id))
+        caller = authorize(self.key, headers.get("authorization"), RouteAccess(rollout_id=rollout_id))
+        record_caller(scope, caller)
         self._check_rollout(rollout_id, attempt_id)
+        agent = rollout_id if caller is Caller.AGENT else None  # the gateway key's calls have no budget
+        enter_share(self.budgets, agent)
+        try:
+            raw = await read_charged_body(
+                receive,
+                budgets=self.budgets,
+                rollout_id=agent,
+                limit=self.body_limit,
+                declared_length=headers.get("content-length"),
+                timeout_seconds=self.config.body_timeout_seconds,
+            )
+            body = parse_json(
+                raw, max_depth=self.config.max_json_depth, count_parsed=self.metrics.parsed_body_bytes.inc
+            )
+            return await self._handle_call(body, receive, send, rollout_id, attempt_id, mode, endpoint)
+        finally:
+            if agent is not None:
+                self.budgets.leave(agent)
 
-        raw = await read_body(
-            receive, limit=self.config.max_body_bytes, declared_length=headers.get("content-length")
-        )
-        body = parse_json(raw, max_depth=self.config.max_json_depth)
+    async def _handle_call(
+        self,
+        body: Any,
+        receive: Receive,
+        send: Send,
+        rollout_id: str,
+        attempt_id: str,
+        mode: str,
+        endpoint: str,
+    ) -> int:
+        """A model call past the door's checks: sampling rules, then forwarded (held while paused)."""
         if not isinstance(body, dict):
             raise Refused(400, "request body must be a JSON object")
         streamed = _streamed(body)
@@ -198,12 +239,12 @@ class ProxyHandler:
                 rollout_id=rollout_id,
                 attempt_id=attempt_id,
                 endpoint=endpoint,
-                request_bytes=json.dumps(forwarded).encode(),
+                request_bytes=_ENCODER.encode(forwarded),
                 agent_sampling=sampling.asked,
                 agent_wants_usage=include_usage(body),
             )
             return await self._handle_stream(call, receive, send)
-        request_bytes = json.dumps(forwarded).encode()
+        request_bytes = _ENCODER.encode(forwarded)
         while True:
             if self.pause.paused or not self.upstreams.urls:
                 await self._wait_until_open(receive)  # Reject mode raises at once

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
+import resource
 from pathlib import Path
 
 from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
 from asyncrl.gateway.app import build_gateway
+from asyncrl.gateway.budgets import AgentBudget
 from asyncrl.gateway.config import (
     DEFAULT_HOLD_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
@@ -20,13 +23,18 @@ from asyncrl.gateway.config import (
     MAX_JSON_DEPTH_CEILING,
     GatewayConfig,
 )
+from asyncrl.gateway.connections import ConnectionLimits, connection_cap, guarded_protocol
 from asyncrl.pausing import PauseMode
 from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 
 logger = logging.getLogger(__name__)
 
-# Idle keep-alive connections are closed after this; see the uvicorn.Config below for why it is not 5 s.
-KEEP_ALIVE_SECONDS = 75
+_AGENT = AgentBudget()
+_CONNECTIONS = ConnectionLimits()
+_BODY_TIMEOUT = GatewayConfig.model_fields["body_timeout_seconds"].default
+# Idle keep-alive connections that have shown a credential are closed after this: longer than every client's
+# pool keeps one (httpx 5 s, aiohttp 15 s); uvicorn's default, 5 s, closed them as httpx reused them.
+KEEP_ALIVE_SECONDS = math.ceil(_CONNECTIONS.idle_timeout_seconds)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +113,77 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="event data (JSON bytes) one rollout may store in all; more gets 413 "
         f"(default {DEFAULT_MAX_EVENT_BYTES})",
+    )
+    limits.add_argument(
+        "--body-timeout-seconds",
+        type=float,
+        default=_BODY_TIMEOUT,
+        metavar="S",
+        help=f"a body not all received this long after its headers gets 408 (default {_BODY_TIMEOUT:g})",
+    )
+    budget = parser.add_argument_group(
+        "each agent token's budget (see docs/security.md)",
+        "So one agent cannot take the event loop from the others; past it, 429 + Retry-After. The gateway "
+        "key and the pool token have none.",
+    )
+    budget.add_argument(
+        "--agent-max-requests",
+        type=int,
+        default=_AGENT.max_requests,
+        metavar="N",
+        help=f"requests one agent token may have in flight, held calls too (default {_AGENT.max_requests})",
+    )
+    budget.add_argument(
+        "--agent-bytes-per-second",
+        type=int,
+        default=_AGENT.bytes_per_second,
+        metavar="N",
+        help=f"body bytes per second one agent token may send on average (default {_AGENT.bytes_per_second})",
+    )
+    budget.add_argument(
+        "--agent-burst-bytes",
+        type=int,
+        default=_AGENT.burst_bytes,
+        metavar="N",
+        help="body bytes one agent token may send at once, at least --max-body-bytes "
+        f"(default {_AGENT.burst_bytes})",
+    )
+    connections = parser.add_argument_group(
+        "connections (see docs/security.md)",
+        "Header and idle timeouts, and a cap that closes the least proven idle connection to make room; the "
+        "gateway key's connections are never closed for room.",
+    )
+    connections.add_argument(
+        "--header-timeout-seconds",
+        type=float,
+        default=_CONNECTIONS.header_timeout_seconds,
+        metavar="S",
+        help="a connection whose request headers are not complete this long after it opened (or after the "
+        f"request's first byte) is closed (default {_CONNECTIONS.header_timeout_seconds:g})",
+    )
+    connections.add_argument(
+        "--idle-timeout-seconds",
+        type=float,
+        default=_CONNECTIONS.idle_timeout_seconds,
+        metavar="S",
+        help="an idle connection that has shown a credential is closed after this; keep it longer than the "
+        f"clients' pools keep connections (default {_CONNECTIONS.idle_timeout_seconds:g})",
+    )
+    connections.add_argument(
+        "--unproven-idle-timeout-seconds",
+        type=float,
+        default=_CONNECTIONS.unproven_idle_timeout_seconds,
+        metavar="S",
+        help="an idle connection that has shown no credential is closed after this "
+        f"(default {_CONNECTIONS.unproven_idle_timeout_seconds:g})",
+    )
+    connections.add_argument(
+        "--max-connections",
+        type=int,
+        default=_CONNECTIONS.max_connections,
+        metavar="N",
+        help="connections open at once, lowered to half the file-descriptor limit when that is smaller "
+        f"(default {_CONNECTIONS.max_connections})",
     )
     capture = parser.add_argument_group(
         "capture (what the store keeps of each model call; see docs/tuning-the-window.md)",
@@ -186,6 +265,18 @@ def run(args: argparse.Namespace) -> int:
             capture=CaptureMode.from_flag(args.capture),
             max_capture_bytes_per_rollout=args.max_capture_bytes_per_rollout,
             max_capture_bytes=args.max_capture_bytes,
+            body_timeout_seconds=args.body_timeout_seconds,
+            agent_budget=AgentBudget(
+                max_requests=args.agent_max_requests,
+                bytes_per_second=args.agent_bytes_per_second,
+                burst_bytes=args.agent_burst_bytes,
+            ),
+            connections=ConnectionLimits(
+                header_timeout_seconds=args.header_timeout_seconds,
+                idle_timeout_seconds=args.idle_timeout_seconds,
+                unproven_idle_timeout_seconds=args.unproven_idle_timeout_seconds,
+                max_connections=args.max_connections,
+            ),
             sampling_params=SamplingParamsPolicy(args.sampling_params),
             rollout_sampling=RolloutSampling(
                 temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k
@@ -200,6 +291,18 @@ def run(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 20, 10)
+    max_connections = connection_cap(config.connections.max_connections, _file_descriptor_limit())
+    if max_connections < config.connections.max_connections:
+        logger.warning(
+            "gateway: --max-connections lowered from %d to %d, half the file-descriptor limit (ulimit -n)",
+            config.connections.max_connections,
+            max_connections,
+        )
+    protocol = guarded_protocol(
+        config.connections,
+        max_connections=max_connections,
+        on_close=lambda reason: gateway.metrics.connections_closed.labels(reason.value).inc(),
+    )
     upstreams = ", ".join(config.upstreams) or "no upstream yet (register with PUT /api/upstreams)"
     logger.info(
         "gateway on %s:%d → %s (model %s, pause mode %s)",
@@ -219,11 +322,11 @@ def run(args: argparse.Namespace) -> int:
             lifespan="on",
             interface="asgi3",
             proxy_headers=False,
-            # Longer than every client's pool keeps an idle connection (httpx 5 s, aiohttp 15 s): a client
-            # then never sends on a connection the gateway is closing (uvicorn's default, 5 s, raced httpx).
+            # The protocol closes idle connections itself (75 s for callers with a credential, longer than
+            # every client's pool keeps one: a client never sends on a connection the gateway is closing).
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
             loop="auto",
-            http="auto",
+            http=protocol,
         ),
         held=gateway.proxy.held,
     )
@@ -231,10 +334,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _file_descriptor_limit() -> int:
+    """The soft limit on open files, raised to the hard limit first (a server's usual start-up step)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 def _flag_of(loc: tuple[int | str, ...]) -> str:
     """The flag that set a configuration field (`max_json_depth` → `--max-json-depth`)."""
     field = str(loc[0])
     if field == "key":
         return f"the key (--key-file or {KEY_ENV_VAR})"
+    if field == "agent_budget" and len(loc) > 1:
+        field, loc = f"agent_{loc[1]}", loc[1:]
+    elif field == "connections" and len(loc) > 1:
+        field, loc = str(loc[1]), loc[1:]
     flag = "--upstream" if field == "upstreams" else "--" + field.replace("_", "-")
     return " ".join([flag, *map(str, loc[1:])])

@@ -1,0 +1,121 @@
+"""Each agent's share of the gateway: requests in flight and body bytes per second, per rollout token.
+
+The gateway serves every agent of a run on one event loop, so an agent that sends many large bodies at once
+takes the loop from all the others (16 parallel 5.7 MB bodies pushed another rollout's model call to 60 s).
+Each agent token (one per rollout, so the budget is kept by rollout id) gets:
+
+- at most `max_requests` requests in flight (held calls included); one more is refused with 429;
+- a bucket of `burst_bytes` body bytes, refilled at `bytes_per_second`; a body the bucket cannot pay for
+  is refused with 429 before it is read (declared length) or before it is parsed (chunked).
+
+Both refusals carry Retry-After. The gateway key (trainer, operator) and the pool token have no budget.
+Pure logic on an injected clock; the door (`app.py`) and the proxy charge it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONCURRENCY_RETRY_AFTER_SECONDS = 1.0  # when one of its requests ends is unknown; one second is a fair wait
+MIN_RETRY_AFTER_SECONDS = 0.001
+_SWEEP_AT = 4096  # shares kept before the idle ones are swept (a full bucket refills in seconds)
+
+
+class AgentBudget(BaseModel):
+    """What one agent token may use of the gateway (flags `--agent-*`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_requests: int = Field(
+        default=32, ge=1, description="Requests one agent token may have in flight; one more gets 429."
+    )
+    bytes_per_second: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Body bytes per second one agent token may send, on average; more gets 429.",
+    )
+    burst_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Body bytes one agent token may send at once (the bucket's size); at least the largest "
+        "body it may send, or that body is always refused.",
+    )
+
+
+class OverBudget(Exception):
+    """An agent token is past one of its budgets; `retry_after_seconds` is when it may try again."""
+
+    def __init__(self, budget: str, retry_after_seconds: float) -> None:
+        super().__init__(budget)
+        self.budget = budget  # "requests" or "bytes"
+        self.retry_after_seconds = retry_after_seconds
+
+
+@dataclass
+class _Share:
+    in_flight: int
+    bytes_left: float
+    updated: float
+
+
+class AgentBudgets:
+    """The budgets of every agent token with a request in flight or a bucket not yet full again."""
+
+    def __init__(self, budget: AgentBudget, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = budget
+        self._clock = clock
+        self._shares: dict[str, _Share] = {}
+        self._sweep_at = _SWEEP_AT
+
+    def enter(self, rollout_id: str) -> None:
+        """Count a request of this agent in flight; OverBudget when it already has `max_requests`."""
+        share = self._share(rollout_id)
+        if share.in_flight >= self.budget.max_requests:
+            raise OverBudget("requests", CONCURRENCY_RETRY_AFTER_SECONDS)
+        share.in_flight += 1
+
+    def leave(self, rollout_id: str) -> None:
+        share = self._shares.get(rollout_id)
+        if share is None:
+            return
+        share.in_flight -= 1
+        self._forget_if_idle(rollout_id, share)
+
+    def charge(self, rollout_id: str, size: int) -> None:
+        """Take `size` body bytes from this agent's bucket; OverBudget (nothing taken) when it holds fewer."""
+        share = self._share(rollout_id)
+        now = self._clock()
+        rate = self.budget.bytes_per_second
+        share.bytes_left = min(self.budget.burst_bytes, share.bytes_left + (now - share.updated) * rate)
+        share.updated = now
+        if size > share.bytes_left:
+            missing = min(size, self.budget.burst_bytes) - share.bytes_left
+            raise OverBudget("bytes", max(MIN_RETRY_AFTER_SECONDS, math.ceil(missing / rate * 1000) / 1000))
+        share.bytes_left -= size
+
+    def tracked(self) -> int:
+        """How many agent tokens have state kept (in flight, or a bucket still refilling)."""
+        return len(self._shares)
+
+    def _share(self, rollout_id: str) -> _Share:
+        share = self._shares.get(rollout_id)
+        if share is None:
+            if len(self._shares) >= self._sweep_at:
+                for known, other in list(self._shares.items()):
+                    self._forget_if_idle(known, other)
+                self._sweep_at = max(_SWEEP_AT, 2 * len(self._shares))
+            share = self._shares[rollout_id] = _Share(0, float(self.budget.burst_bytes), self._clock())
+        return share
+
+    def _forget_if_idle(self, rollout_id: str, share: _Share) -> None:
+        """Drop a share with nothing in flight whose bucket is full by now: it holds nothing to remember."""
+        if share.in_flight > 0:
+            return
+        refilled = share.bytes_left + (self._clock() - share.updated) * self.budget.bytes_per_second
+        if refilled >= self.budget.burst_bytes:
+            del self._shares[rollout_id]

@@ -1,0 +1,147 @@
+"""Slow, idle and refused connections are closed, and a connection cap keeps room for the trainer (issue 24
+item 5), with raw sockets on loopback against a real gateway process.
+
+Before, unauthenticated slow-header, idle and post-401 connections were held forever (800 of 800 still open
+after 60 s), and at the file-descriptor limit the trainer's and operator's calls got closed connections.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from asyncrl.testing.controlplane import free_port
+from asyncrl.testing.processes import start_server
+from tests.gateway.conftest import KEY, RunningGateway, launch_gateway
+
+DEADLINE_SECONDS = 60.0  # generous: the gateway's own timeouts below are 1-2 s
+
+
+@pytest.fixture
+def strict(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """A gateway with short connection timeouts, so the tests wait seconds, not the defaults' tens."""
+    running = launch_gateway(
+        [upstream_url],
+        tmp_path,
+        "--header-timeout-seconds=1",
+        "--unproven-idle-timeout-seconds=1",
+        "--idle-timeout-seconds=75",
+    )
+    yield running
+    running.process.stop()
+
+
+def _connect(gateway: RunningGateway) -> socket.socket:
+    host, port = gateway.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=DEADLINE_SECONDS)
+
+
+def _closed_by_server(conn: socket.socket, *, trickle: bytes = b"") -> bool:
+    """Read (sending `trickle` a byte at a time, as a slow client does) until the server closes the
+    connection; False if it is still open at the deadline."""
+    conn.settimeout(0.2)
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    sent = 0
+    while time.monotonic() < deadline:
+        try:
+            if sent < len(trickle):
+                conn.sendall(trickle[sent : sent + 1])
+                sent += 1
+            if conn.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+    return False
+
+
+def _get(conn: socket.socket, path: str, *, token: str | None = None) -> bytes:
+    auth = f"authorization: Bearer {token}\r\n" if token else ""
+    conn.sendall(f"GET {path} HTTP/1.1\r\nhost: gateway\r\n{auth}\r\n".encode())
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += conn.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if b"content-length" in line
+    )
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head
+
+
+def test_a_connection_whose_headers_trickle_in_is_closed_by_the_header_timeout(
+    strict: RunningGateway,
+) -> None:
+    with _connect(strict) as conn:
+        assert _closed_by_server(
+            conn, trickle=b"GET /healthz HTTP/1.1\r\nhost: gateway\r\nx-slow: " + b"a" * 600
+        )
+
+
+def test_a_connection_that_never_sends_is_closed(strict: RunningGateway) -> None:
+    with _connect(strict) as conn:
+        assert _closed_by_server(conn)
+
+
+def test_a_refused_credential_ends_its_connection_with_the_answer(strict: RunningGateway) -> None:
+    """A 401 (and the body it did not read) is not kept open for another guess."""
+    with _connect(strict) as conn:
+        conn.sendall(b"POST /api/rollouts HTTP/1.1\r\nhost: gateway\r\ncontent-length: 100000\r\n\r\n{")
+        assert _closed_by_server(conn)
+
+
+def test_an_idle_connection_that_showed_the_key_outlives_an_unproven_one(strict: RunningGateway) -> None:
+    """Both idle after one answer: the unproven one is closed after its 1 s, the trainer's stays open (its
+    75 s are longer than every client's pool keeps a connection) and answers its next request."""
+    with _connect(strict) as trainer, _connect(strict) as anyone:
+        assert _get(trainer, "/api/stats", token=KEY).startswith(b"HTTP/1.1 200")
+        assert _get(anyone, "/healthz").startswith(b"HTTP/1.1 200")
+        assert _closed_by_server(anyone)
+        assert _get(trainer, "/api/stats", token=KEY).startswith(b"HTTP/1.1 200")
+
+
+def _launch_with_file_limit(upstream_url: str, log_dir: Path, file_limit: int) -> RunningGateway:
+    """The real gateway under `prlimit`: at most `file_limit` open files, as a container's ulimit sets."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        *("prlimit", f"--nofile={file_limit}:{file_limit}"),
+        *(sys.executable, "-m", "asyncrl.cli", "gateway", "--port", str(port), "--model", "m"),
+        *("--upstream", upstream_url),
+    ]
+    env = {**__import__("os").environ, "ASYNCRL_GATEWAY_KEY": KEY}
+    process = start_server(argv, ready_url=f"{url}/readyz", log_path=log_dir / "gateway.log", env=env)
+    return RunningGateway(url=url, key=KEY, process=process)
+
+
+def test_with_the_cap_reached_by_idle_unauthenticated_connections_the_trainers_call_succeeds(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """400 connections that never send a byte, against a gateway allowed 256 open files: its cap (half the
+    limit) closes the idle ones that came first to make room, and the trainer's call is answered. (Before,
+    the gateway met EMFILE and the trainer's connection waited unaccepted.)"""
+    gateway = _launch_with_file_limit(upstream_url, tmp_path, 256)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(400):
+            idle.append(_connect(gateway))
+        with httpx.Client(
+            base_url=gateway.url, headers={"authorization": f"Bearer {KEY}"}, timeout=DEADLINE_SECONDS
+        ) as trainer:
+            assert trainer.get("/api/stats").status_code == 200
+            assert trainer.post("/proxy/pause", json={"reason": "cap test"}).status_code == 200
+            assert trainer.post("/proxy/resume", json={"model_version": 1}).status_code == 200
+            metrics = trainer.get("/metrics").text
+        assert 'asyncrl_gateway_connections_closed_total{reason="room"}' in metrics
+    finally:
+        for conn in idle:
+            conn.close()
+        gateway.process.stop()
