@@ -58,6 +58,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--resume", action="store_true", help="keep the work dir's checkpoints and continue")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    routes = parser.add_argument_group(
+        "addresses",
+        "where each part of the run listens and reaches the others (default: free ports on 127.0.0.1, each "
+        "part straight to the other); e.g. to put a proxy between two parts",
+    )
+    routes.add_argument("--gateway-port", type=int, default=0, help="the gateway's port (default: any free)")
+    routes.add_argument("--trainer-gateway-url", default=None, help="where the trainer reaches the gateway")
+    routes.add_argument("--agents-gateway-url", default=None, help="where the agents reach the gateway")
+    routes.add_argument(
+        "--operator-gateway-url",
+        default=None,
+        help="where this process reaches the gateway (it claims rollouts and reports agents' outcomes, as "
+        "the operator does on a cluster)",
+    )
+    routes.add_argument(
+        "--inference-port", type=int, default=0, help="the trainer's model server's port (default: any free)"
+    )
+    routes.add_argument(
+        "--inference-url", default=None, help="where the gateway reaches the trainer's model server"
+    )
 
 
 def load_manifest(path: Path) -> tuple[dict[str, Any], AsyncTrainingRun]:
@@ -179,9 +199,11 @@ async def run_locally(args: argparse.Namespace) -> int:
         shutil.rmtree(work_dir)
     (work_dir / "agents").mkdir(parents=True, exist_ok=True)
     (work_dir / "run.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-    key = secrets.token_urlsafe(32)
-    gateway_port = free_port()
+    # A key given in the environment lets another process query this run's gateway; else a fresh one.
+    key = os.environ.get(KEY_ENV_VAR, "").strip() or secrets.token_urlsafe(32)
+    gateway_port = args.gateway_port or free_port()
     gateway_url = f"http://127.0.0.1:{gateway_port}"
+    operator_gateway_url = args.operator_gateway_url or gateway_url
     # RUN_MARKER_ENV_VAR marks every process of the run (agents included, by inheritance), so a test or a
     # user can tell that none is left: grep /proc/*/environ for it.
     env = {**os.environ, KEY_ENV_VAR: key, "PYTHONUNBUFFERED": "1", RUN_MARKER_ENV_VAR: str(work_dir)}
@@ -201,11 +223,13 @@ async def run_locally(args: argparse.Namespace) -> int:
         "trainer",
         *trainer_args(
             config=work_dir / "run.yaml",
-            gateway_url=gateway_url,
+            gateway_url=args.trainer_gateway_url or gateway_url,
             checkpoint_dir=checkpoint_dir,
             wandb_dir=work_dir,
             metrics_file=args.metrics_file,
         ),
+        *([f"--inference-port={args.inference_port}"] if args.inference_port else []),
+        *([f"--inference-url={args.inference_url}"] if args.inference_url else []),
     ]
     trainer = _Process("trainer", trainer_argv, env, work_dir / "trainer.log")
     out = sys.stdout
@@ -217,11 +241,11 @@ async def run_locally(args: argparse.Namespace) -> int:
     tally = RunTally()
     outcome = "stopped"
     try:
-        async with GatewayClient(gateway_url, key) as client:
+        async with GatewayClient(operator_gateway_url, key) as client:
             await _start_gateway(gateway, client)
             agents = LocalAgents(
                 gateway=client,
-                gateway_url=gateway_url,
+                gateway_url=args.agents_gateway_url or gateway_url,
                 gateway_key=key,
                 template=template,
                 run_name=name,

@@ -393,6 +393,8 @@ class StepLoop:
             summary.proxy_aborted_calls,
             metrics["timing/step_seconds"],
         )
+        # Which groups this update trained, so a run's log shows any group trained twice (benchmarks/soak.py).
+        logger.info("step %d: trained groups %s", step, " ".join(group.group_id for group in batch.consumed))
         self._count_failed_step(step, batch.consumed, n_rows=len(prepared.rows))
         return True
 

@@ -65,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "it with the gateway either way",
     )
     parser.add_argument(
+        "--inference-url",
+        default=None,
+        help="the address the gateway reaches the reference backend's model server at, registered instead "
+        "of the one it listens on (e.g. a proxy in front of --inference-port)",
+    )
+    parser.add_argument(
         "--checkpoint-dir", type=Path, default=None, help="checkpoints here; resume from them"
     )
     parser.add_argument("--data-file", type=Path, default=None, help="rows file (for data.configMapRef)")
@@ -123,11 +129,16 @@ def rows_of(run: AsyncTrainingRun, data_file: Path | None) -> list[Any]:
 
 
 def build_backend(
-    run: AsyncTrainingRun, *, inference_port: int, checkpoint_dir: Path | None, prompt_count: int
+    run: AsyncTrainingRun,
+    *,
+    inference_port: int,
+    checkpoint_dir: Path | None,
+    prompt_count: int,
+    inference_url: str | None = None,
 ) -> Backend:
     if run.spec.trainer.backend is TrainerBackend.VERL:
         return build_verl_backend(run, checkpoint_dir=checkpoint_dir, prompt_count=prompt_count)
-    return build_reference_backend(run, inference_port=inference_port)
+    return build_reference_backend(run, inference_port=inference_port, inference_url=inference_url)
 
 
 def build_verl_backend(run: AsyncTrainingRun, *, checkpoint_dir: Path | None, prompt_count: int) -> Backend:
@@ -160,7 +171,9 @@ def build_verl_backend(run: AsyncTrainingRun, *, checkpoint_dir: Path | None, pr
     return VerlBackend(config)
 
 
-def build_reference_backend(run: AsyncTrainingRun, *, inference_port: int) -> Backend:
+def build_reference_backend(
+    run: AsyncTrainingRun, *, inference_port: int, inference_url: str | None = None
+) -> Backend:
     from asyncrl.trainer.backends.reference import ReferenceBackend
     from asyncrl.trainer.backends.reference.config import ReferenceBackendConfig, ServerConfig, UpdateConfig
 
@@ -175,7 +188,7 @@ def build_reference_backend(run: AsyncTrainingRun, *, inference_port: int) -> Ba
             rollout_is_threshold=correction.threshold,
             learning_rate=learning_rate,
         ),
-        server=ServerConfig(port=inference_port, served_model_name=spec.model.name),
+        server=ServerConfig(port=inference_port, served_model_name=spec.model.name, url=inference_url),
     )
     return ReferenceBackend(config)
 
@@ -300,7 +313,11 @@ async def train(args: argparse.Namespace) -> int:
     rows = rows_of(run, args.data_file)
     prompts = PromptSource(rows, shuffle=spec.data.shuffle, seed=spec.data.seed)
     backend = build_backend(
-        run, inference_port=args.inference_port, checkpoint_dir=args.checkpoint_dir, prompt_count=len(rows)
+        run,
+        inference_port=args.inference_port,
+        inference_url=args.inference_url,
+        checkpoint_dir=args.checkpoint_dir,
+        prompt_count=len(rows),
     )
     # After the config check (a bad verl key is named first), before any model or GPU work.
     from asyncrl.trainer.preflight import report

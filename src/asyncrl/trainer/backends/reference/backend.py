@@ -58,7 +58,7 @@ class ReferenceBackend:
 
     @property
     def serve_urls(self) -> tuple[str, ...]:
-        return (self.server.url,)
+        return (self.config.server.url or self.server.url,)
 
     @property
     def served_model(self) -> str:

@@ -66,6 +66,10 @@ class ServerConfig(BaseModel):
 
     host: str = Field(default="127.0.0.1", description="Address to listen on.")
     port: int = Field(default=0, ge=0, le=65535, description="Port; 0 picks a free one (see serve_urls).")
+    url: str | None = Field(
+        default=None,
+        description="Where the gateway reaches this server, if not where it listens (e.g. through a proxy).",
+    )
     served_model_name: str = Field(default="asyncrl-reference", description="The only model name accepted.")
     default_max_tokens: int = Field(default=64, ge=1, description="max_tokens when a request gives none.")
     worker_threads: int = Field(default=2, ge=1, description="Requests generated at the same time.")
