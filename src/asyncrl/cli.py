@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     crd_arguments(crd)
     crd.set_defaults(handler=_crd)
     add_plot_command(commands)
+    from asyncrl.cluster_cli import add_commands as add_cluster_commands
+
+    add_cluster_commands(commands)  # `asyncrl runs summary|logs|port-forward`
     return parser
 
 

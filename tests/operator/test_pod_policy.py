@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -10,13 +11,32 @@ from asyncrl.operator.pod_policy import AgentPodPolicy, check_pod_policy, restri
 from asyncrl.operator.templates import TemplateError
 
 
-def _job(pod: dict[str, Any] | None = None, **container: Any) -> dict[str, Any]:
+def _job(
+    pod: dict[str, Any] | None = None, *, job: dict[str, Any] | None = None, **container: Any
+) -> dict[str, Any]:
     agent = {"name": "agent", "image": "python:3.12", **container}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "spec": {"template": {"spec": {"containers": [agent], **(pod or {})}}},
+        "spec": {"template": {"spec": {"containers": [agent], **(pod or {})}}, **(job or {})},
     }
+
+
+# The volume the API server's service-account admission adds to every pod, written out in a template.
+API_TOKEN_VOLUME = {
+    "name": "api-token",
+    "projected": {
+        "sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {
+                "downwardAPI": {
+                    "items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]
+                }
+            },
+        ]
+    },
+}
 
 
 POD = "spec.template.spec"
@@ -62,6 +82,83 @@ REFUSED = {
         _job({"volumes": [{"name": "c", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}]}),
         f"{POD}.volumes[0].csi.nodePublishSecretRef",
     ),
+    # issue 24: what an agent pod could still reach of other runs under `restricted`
+    "claim": (
+        _job(
+            {"volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "other-run-checkpoints"}}]}
+        ),
+        f"{POD}.volumes[0].persistentVolumeClaim",
+    ),
+    "nfs": (
+        _job({"volumes": [{"name": "share", "nfs": {"server": "10.0.0.1", "path": "/exports"}}]}),
+        f"{POD}.volumes[0].nfs",
+    ),
+    "other-volume-type": (
+        _job({"volumes": [{"name": "repo", "gitRepo": {"repository": "https://example.com/r.git"}}]}),
+        f"{POD}.volumes[0].gitRepo",
+    ),
+    "ephemeral-clone": (
+        _job(
+            {
+                "volumes": [
+                    {
+                        "name": "copy",
+                        "ephemeral": {
+                            "volumeClaimTemplate": {
+                                "spec": {
+                                    "accessModes": ["ReadWriteOnce"],
+                                    "resources": {"requests": {"storage": "1Gi"}},
+                                    "dataSource": {"kind": "PersistentVolumeClaim", "name": "other-run"},
+                                }
+                            }
+                        },
+                    }
+                ]
+            }
+        ),
+        f"{POD}.volumes[0].ephemeral.volumeClaimTemplate.spec.dataSource",
+    ),
+    "node-name": (_job({"nodeName": "gpu-node-7"}), f"{POD}.nodeName"),
+    "share-process-namespace": (_job({"shareProcessNamespace": True}), f"{POD}.shareProcessNamespace"),
+    "proc-mount": (
+        _job(securityContext={"procMount": "Unmasked"}),
+        f"{AGENT}.securityContext.procMount",
+    ),
+    "manual-selector": (_job(job={"manualSelector": True}), "spec.manualSelector"),
+    "selector": (_job(job={"selector": {"matchLabels": {"asyncrl.dev/run": "other"}}}), "spec.selector"),
+    "config-map-volume": (
+        _job({"volumes": [{"name": "cfg", "configMap": {"name": "other-run-config"}}]}),
+        f"{POD}.volumes[0].configMap",
+    ),
+    "config-map-env-from": (
+        _job(envFrom=[{"configMapRef": {"name": "other-run-config"}}]),
+        f"{AGENT}.envFrom[0].configMapRef",
+    ),
+    "config-map-value-from": (
+        _job(env=[{"name": "ROWS", "valueFrom": {"configMapKeyRef": {"name": "prompts", "key": "rows"}}}]),
+        f"{AGENT}.env[0].valueFrom.configMapKeyRef",
+    ),
+    "config-map-projected": (
+        _job({"volumes": [{"name": "p", "projected": {"sources": [{"configMap": {"name": "prompts"}}]}}]}),
+        f"{POD}.volumes[0].projected.sources[0].configMap",
+    ),
+    "token-audience": (
+        _job(
+            {
+                "volumes": [
+                    {
+                        "name": "aws",
+                        "projected": {
+                            "sources": [
+                                {"serviceAccountToken": {"audience": "sts.amazonaws.com", "path": "t"}}
+                            ]
+                        },
+                    }
+                ]
+            }
+        ),
+        f"{POD}.volumes[0].projected.sources[0].serviceAccountToken.audience",
+    ),
     "init-container": (
         _job({"initContainers": [{"name": "i", "image": "x", "securityContext": {"privileged": True}}]}),
         f"{POD}.initContainers[0].securityContext.privileged",
@@ -88,8 +185,32 @@ def test_restricted_refuses_the_field_and_names_it(job: dict[str, Any], path: st
             {"hostNetwork": False}, securityContext={"privileged": False, "allowPrivilegeEscalation": False}
         ),
         _job(env=[{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
-        _job({"volumes": [{"name": "cfg", "configMap": {"name": "c"}}, {"name": "tmp", "emptyDir": {}}]}),
         _job(securityContext={"capabilities": {"add": ["CHOWN"], "drop": ["ALL"]}}),
+        _job(
+            {
+                "volumes": [
+                    {"name": "tmp", "emptyDir": {}},
+                    API_TOKEN_VOLUME,
+                    {
+                        "name": "scratch",
+                        "ephemeral": {
+                            "volumeClaimTemplate": {
+                                "spec": {
+                                    "accessModes": ["ReadWriteOnce"],
+                                    "resources": {"requests": {"storage": "1Gi"}},
+                                }
+                            }
+                        },
+                    },
+                    {"name": "inline", "csi": {"driver": "scratch.example.com"}},
+                ]
+            }
+        ),
+        _job(
+            {"shareProcessNamespace": False, "nodeName": ""},
+            job={"manualSelector": False},
+            securityContext={"procMount": "Default"},
+        ),
     ],
     ids=[
         "plain",
@@ -97,12 +218,22 @@ def test_restricted_refuses_the_field_and_names_it(job: dict[str, Any], path: st
         "pull-secret",
         "explicitly-off",
         "field-ref",
-        "config-map",
         "baseline-cap",
+        "own-volumes",
+        "explicitly-off-issue-24",
     ],
 )
 def test_restricted_allows_ordinary_agent_pods(job: dict[str, Any]) -> None:
     check_pod_policy(job, AgentPodPolicy.RESTRICTED)
+
+
+def test_a_volume_type_is_named_with_its_own_reason() -> None:
+    claim = _job({"volumes": [{"name": "c", "persistentVolumeClaim": {"claimName": "ckpt"}}]})
+    with pytest.raises(TemplateError, match="another run's checkpoints"):
+        check_pod_policy(claim, AgentPodPolicy.RESTRICTED)
+    iscsi = _job({"volumes": [{"name": "d", "iscsi": {"targetPortal": "t", "iqn": "i", "lun": 0}}]})
+    with pytest.raises(TemplateError, match=re.escape("the volume type 'iscsi' is not allowed")):
+        check_pod_policy(iscsi, AgentPodPolicy.RESTRICTED)
 
 
 def test_every_violation_is_listed() -> None:

@@ -43,6 +43,19 @@ BROKEN = {
         "spec.template.spec.hostNetwork: sharing the node's namespaces is not allowed; refused by the "
         "operator's --agent-pod-policy=restricted",
     ),
+    # issue 24: another run's checkpoint claim, and a Job that picks its own pods (it could adopt others')
+    "claim": (
+        AGENT_TEMPLATE.replace(
+            "      containers:\n",
+            "      volumes: [{name: ckpt, persistentVolumeClaim: {claimName: other-run-checkpoints}}]\n"
+            "      containers:\n",
+        ),
+        "spec.template.spec.volumes[0].persistentVolumeClaim: a claim of the namespace is not allowed",
+    ),
+    "selector": (
+        AGENT_TEMPLATE.replace("spec:\n  template:\n", "spec:\n  manualSelector: true\n  template:\n", 1),
+        "spec.manualSelector: a Job that picks its own pods is not allowed",
+    ),
     # a label key the API server refuses (not DNS-valid): every agent Job would get 422, so the run went on
     # failing each rollout and consuming steps; the API server's own reason is named at the start
     "label": (

@@ -1,0 +1,161 @@
+"""What `asyncrl runs summary` prints: a run's state and last step, from objects already read (pure).
+
+The status is shown by its CRD field names (what `kubectl get atr -o yaml` shows), read from the object as
+stored rather than through the status model: a CLI older or newer than the operator still shows every field.
+The trainer's metrics are its Prometheus gauges (`asyncrl_` + the per-step metric name), the latest step's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# Shown on their own lines; every other scalar status field goes under "last step".
+_HEADLINE_FIELDS = (
+    "phase",
+    "message",
+    "step",
+    "lastStepTime",
+    "startTime",
+    "observedGeneration",
+    "rayCluster",
+)
+# The trainer gauges worth a glance (docs/metrics.md names each); the rest stay on its /metrics.
+TRAINER_GAUGES = (
+    "asyncrl_trainer_step",
+    "asyncrl_training_reward_mean",
+    "asyncrl_timing_step_seconds",
+    "asyncrl_timing_update_phase_seconds",
+    "asyncrl_training_async_n_completed_rollouts",
+    "asyncrl_training_async_n_failed_rollouts_consumed",
+    "asyncrl_training_async_n_new_carry_over_rollouts",
+    "asyncrl_training_async_new_carry_over_age_max_steps",
+    "asyncrl_training_async_proxy_drain_seconds",
+    "asyncrl_training_update_loss",
+    "asyncrl_trainer_holding_pause",
+)
+
+
+@dataclass(frozen=True)
+class EventLine:
+    """One Kubernetes event about the run."""
+
+    time: datetime | None
+    type: str
+    reason: str
+    message: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class TrainerMetrics:
+    """The trainer's gauges by Prometheus name, or why they could not be read."""
+
+    gauges: Mapping[str, float]
+    source: str
+    unavailable: str | None = None
+
+
+def parse_gauges(exposition: str) -> dict[str, float]:
+    """Every unlabelled sample of a Prometheus text exposition, by name."""
+    return {
+        sample.name: float(sample.value)
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if not sample.labels
+    }
+
+
+def _ago(moment: str, now: datetime) -> str:
+    try:
+        then = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    except ValueError:
+        return moment
+    seconds = max(0, int((now - then).total_seconds()))
+    if seconds < 120:
+        return f"{moment} ({seconds}s ago)"
+    if seconds < 7200:
+        return f"{moment} ({seconds // 60}m ago)"
+    return f"{moment} ({seconds // 3600}h ago)"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _counts(counts: Mapping[str, Any]) -> str:
+    return " ".join(f"{key}={_value(value)}" for key, value in counts.items())
+
+
+def summary_lines(
+    run: Mapping[str, Any],
+    *,
+    events: Sequence[EventLine],
+    trainer: TrainerMetrics | None,
+    now: datetime,
+) -> list[str]:
+    """The summary of `run` (an AsyncTrainingRun object as the API returns it)."""
+    metadata, spec = run.get("metadata") or {}, run.get("spec") or {}
+    status: Mapping[str, Any] = run.get("status") or {}
+    lines = [f"run:            {metadata.get('namespace')}/{metadata.get('name')}"]
+    lines.append(
+        f"phase:          {status.get('phase') or '(none yet: the operator has not written a status)'}"
+    )
+    if status.get("message"):
+        lines.append(f"message:        {status['message']}")
+    total = spec.get("totalSteps")
+    step = status.get("step")
+    step_text = "none finished yet" if step is None else f"{step} (status.step)"
+    lines.append(f"step:           {step_text}; spec.totalSteps: {total if total is not None else 'unset'}")
+    for key, label in (("lastStepTime", "last step at"), ("startTime", "trainer start")):
+        if status.get(key):
+            lines.append(f"{label + ':':<15} {_ago(str(status[key]), now)}")
+    if status.get("rayCluster"):
+        lines.append(f"ray cluster:    {status['rayCluster']}")
+    last_step = {
+        key: value
+        for key, value in status.items()
+        if key not in _HEADLINE_FIELDS
+        and isinstance(value, int | float | str)
+        and not isinstance(value, bool)
+    }
+    if last_step:
+        lines.append("last step:")
+        lines += [f"  {key}: {_value(value)}" for key, value in sorted(last_step.items())]
+    for key in sorted(status):
+        value = status[key]
+        if isinstance(value, Mapping) and value:
+            lines.append(f"{key + ':':<15} {_counts(value)}")
+    conditions = status.get("conditions") or []
+    if conditions:
+        lines.append("conditions:")
+        for condition in conditions:
+            message = f": {condition['message']}" if condition.get("message") else ""
+            lines.append(
+                f"  {condition.get('type')}={condition.get('status')} ({condition.get('reason')}){message}"
+            )
+    if events:
+        lines.append(f"events (latest {len(events)}):")
+        for event in events:
+            when = event.time.isoformat() if event.time else "-"
+            repeated = f" (x{event.count})" if event.count > 1 else ""
+            lines.append(f"  {when} {event.type} {event.reason}{repeated}: {event.message}")
+    if trainer is not None:
+        if trainer.unavailable is not None:
+            lines.append(f"trainer metrics ({trainer.source}): not reachable: {trainer.unavailable}")
+        else:
+            lines.append(f"trainer metrics ({trainer.source}):")
+            shown = [name for name in TRAINER_GAUGES if name in trainer.gauges]
+            for name in shown:
+                value = trainer.gauges[name]
+                lines.append(f"  {name}: {_value(value) if math.isfinite(value) else value}")
+            if not shown:
+                lines.append("  (no step logged yet)")
+    return lines
