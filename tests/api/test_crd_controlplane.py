@@ -172,6 +172,16 @@ def test_agent_template_needs_exactly_one_source(
         ({"spec": {"async": {"enabled": False}}}, "async.enabled"),
         ({"spec": {"async": {"windowSize": 6}}}, "async.windowSize"),
         ({"spec": {"trainer": {"nodes": 2}}}, "trainer.nodes"),
+        # What the trainer and the gateway read once, at their pod's start (issue 25: no silent edits):
+        ({"spec": {"totalSteps": 7}}, "totalSteps"),
+        ({"spec": {"data": {"shuffle": False}}}, "data"),
+        ({"spec": {"rolloutTimeoutSeconds": 99}}, "rolloutTimeoutSeconds"),
+        ({"spec": {"maxFailedSteps": 9}}, "maxFailedSteps"),
+        ({"spec": {"async": {"maxCarryOverAgeSteps": 2}}}, "async"),
+        ({"spec": {"rolloutCorrection": {"mode": "Disabled"}}}, "rolloutCorrection"),
+        ({"spec": {"trainer": {"image": "other:1"}}}, "trainer"),
+        ({"spec": {"gateway": {"holdTimeoutSeconds": 77}}}, "gateway"),
+        ({"spec": {"logging": {"wandb": {"project": "other"}}}}, "logging"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -198,7 +208,10 @@ def test_changing_suspend_and_other_mutable_fields_is_accepted(
     created = kubectl_run(kubectl, "apply", "-n", namespace, "-f", str(EXAMPLES / "run-minimal.yaml"))
     assert created.returncode == 0, created.stderr
     patch = {
-        "spec": {"suspend": True, "agents": {"maxJobsPerMinute": 10}, "async": {"maxCarryOverAgeSteps": 2}}
+        "spec": {
+            "suspend": True,
+            "agents": {"maxJobsPerMinute": 10, "maxActiveJobs": 3, "ttlSecondsAfterFinished": 5},
+        }
     }
 
     out = kubectl_run(
@@ -209,7 +222,8 @@ def test_changing_suspend_and_other_mutable_fields_is_accepted(
     spec = run_object(api_client, namespace, "minimal")["spec"]
     assert spec["suspend"] is True
     assert spec["agents"]["maxJobsPerMinute"] == 10
-    assert spec["async"]["maxCarryOverAgeSteps"] == 2
+    assert spec["agents"]["maxActiveJobs"] == 3
+    assert spec["agents"]["ttlSecondsAfterFinished"] == 5
 
 
 def _columns(table: str) -> list[str]:
@@ -454,3 +468,32 @@ def test_the_server_words_the_async_rule_exactly_as_local_mode(
     assert local_message.startswith("spec.async.windowSize: ")
     assert local_message.removeprefix("spec.async.windowSize: ") in server
     assert f"try windowSize: {2 * train_batch_size} (2 x trainBatchSize)" in server
+
+
+@pytest.mark.parametrize("margin", [-64, 64])
+def test_validate_knows_where_client_side_kubectl_apply_stops(
+    kubectl: list[str], namespace: str, minimal_manifest: dict[str, Any], margin: int
+) -> None:
+    """`kubectl apply` copies the manifest into its last-applied annotation; past 256 KiB of annotations the
+    API server refuses it. `asyncrl validate`'s count (size_limits.py) is checked 64 bytes either side."""
+    from asyncrl.manifest.size_limits import (
+        MAX_ANNOTATION_BYTES,
+        client_side_apply_problem,
+        last_applied_bytes,
+    )
+
+    rows = minimal_manifest["spec"]["data"]["inline"]
+    rows.append({"question": "", "answer": "<&>"})  # Go's JSON writes these as 6 bytes each
+    padding = MAX_ANNOTATION_BYTES + margin - last_applied_bytes(minimal_manifest)
+    rows[-1]["question"] = "x" * padding
+    assert last_applied_bytes(minimal_manifest) == MAX_ANNOTATION_BYTES + margin
+
+    applied = apply_run(kubectl, namespace, minimal_manifest)
+
+    if margin < 0:
+        assert client_side_apply_problem(minimal_manifest) is None
+        assert applied.returncode == 0, applied.stderr
+    else:
+        assert client_side_apply_problem(minimal_manifest) is not None
+        assert applied.returncode != 0
+        assert "metadata.annotations: Too long" in applied.stderr, applied.stderr

@@ -9,6 +9,7 @@ import pytest
 
 from asyncrl.api import InvalidRunError, load_run
 from asyncrl.operator import children, names
+from asyncrl.operator.names import ANNOTATION_SUSPENDED_BY_RUN
 from asyncrl.operator.ray_cluster import (
     COMPONENT_RAY_WORKER,
     DRIVER_RAY_ADDRESS,
@@ -16,8 +17,7 @@ from asyncrl.operator.ray_cluster import (
     RAY_TMP_DIR,
     ray_cluster,
     ray_cluster_state,
-    suspend_patch,
-    trainer_view,
+    trainer_observation,
 )
 from tests.support.kube import run_manifest
 
@@ -128,9 +128,7 @@ def test_the_run_owns_the_cluster_and_suspend_carries_over() -> None:
     created_suspended = ray_cluster(run, suspended)[0]
     assert created_suspended["spec"]["suspend"] is True
     # Resumed with its run: the cluster was suspended by the run, not by Kueue.
-    resumed = suspend_patch(created_suspended, run_suspended=False, finished=False)
-    assert resumed is not None
-    assert resumed["spec"] == {"suspend": False}
+    assert _suspend(created_suspended, run_suspended=False, finished=False) is False
 
 
 def test_gpus_per_node_unset_takes_trainer_gpus() -> None:
@@ -183,7 +181,7 @@ def _phase(cluster: dict[str, Any], head: dict[str, Any] | None) -> Any:
     observation = RunObservation(
         generation=1,
         suspended=False,
-        trainer_job=trainer_view(cluster, head),
+        trainer=trainer_observation(cluster, head),
         gateway_reachable=True,
         summary=None,
         rollout_counts=None,
@@ -191,7 +189,6 @@ def _phase(cluster: dict[str, Any], head: dict[str, Any] | None) -> Any:
         jobs_created=0,
         jobs_failed=0,
         template_error=None,
-        ray_cluster=ray_cluster_state(cluster),
     )
     return next_status(AsyncTrainingRunStatus(), observation, now=datetime.now(UTC))
 
@@ -232,20 +229,43 @@ def test_the_pod_templates_labels_reach_the_ray_cluster_where_kueue_reads_its_qu
     assert cluster["metadata"]["labels"][names.LABEL_COMPONENT] == "trainer"
 
 
+def _suspend(cluster: dict[str, Any], *, run_suspended: bool, finished: bool) -> bool | None:
+    """What the reconcile does with the cluster's suspension (None: leaves it)."""
+    from datetime import UTC, datetime
+
+    from asyncrl.api import AsyncTrainingRunStatus
+    from asyncrl.operator.reconcile import Observed, reconcile
+    from asyncrl.operator.status import RunObservation
+
+    driver = {"name": "trainer", "state": {"terminated": {"exitCode": 0}}} if finished else None
+    observation = RunObservation(
+        generation=1,
+        suspended=run_suspended,
+        trainer=trainer_observation(cluster, _head_pod(driver) if driver else None),
+        gateway_reachable=True,
+        summary=None,
+        rollout_counts=None,
+        jobs_active=0,
+        jobs_created=0,
+        jobs_failed=0,
+        template_error=None,
+    )
+    observed = Observed(
+        status=AsyncTrainingRunStatus(), run=observation, missing=frozenset(), agents_stopped=False
+    )
+    return reconcile(observed, now=datetime.now(UTC)).trainer_suspend
+
+
 def test_the_cluster_is_suspended_when_the_run_is_and_resumed_only_if_the_run_suspended_it() -> None:
     running = {"metadata": {}, "spec": {"suspend": False}}
-    assert suspend_patch(running, run_suspended=False, finished=False) is None
-    patch = suspend_patch(running, run_suspended=True, finished=False)
-    assert patch is not None
-    assert patch["spec"] == {"suspend": True}
-    assert suspend_patch(running, run_suspended=False, finished=True) == patch
-    ours = {"metadata": {"annotations": patch["metadata"]["annotations"]}, "spec": {"suspend": True}}
-    resumed = suspend_patch(ours, run_suspended=False, finished=False)
-    assert resumed is not None
-    assert resumed["spec"] == {"suspend": False}
+    assert _suspend(running, run_suspended=False, finished=False) is None
+    assert _suspend(running, run_suspended=True, finished=False) is True
+    assert _suspend(running, run_suspended=False, finished=True) is True  # a finished driver frees the GPUs
+    ours = {"metadata": {"annotations": {ANNOTATION_SUSPENDED_BY_RUN: "true"}}, "spec": {"suspend": True}}
+    assert _suspend(ours, run_suspended=False, finished=False) is False
     # Kueue suspends a queued cluster until it admits all of its pods: not ours to resume.
     held_by_kueue = {"metadata": {}, "spec": {"suspend": True}}
-    assert suspend_patch(held_by_kueue, run_suspended=False, finished=False) is None
+    assert _suspend(held_by_kueue, run_suspended=False, finished=False) is None
 
 
 def test_a_longest_run_name_gives_kuberay_names_within_the_limits() -> None:

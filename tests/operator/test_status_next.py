@@ -13,17 +13,18 @@ from hypothesis import strategies as st
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
 from asyncrl.operator.status import next_status, phase_of
+from asyncrl.operator.trainer_state import TrainerObservation, trainer_of_job
 from asyncrl.rollouts import RolloutState
 from asyncrl.window_summary import WindowSummary
 from tests.operator.test_status_rules import RUNNING
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=1)
-ACTIVE_JOB: dict[str, Any] = {"status": {"active": 1}}
-COMPLETE_JOB: dict[str, Any] = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-FAILED_JOB: dict[str, Any] = {
-    "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
-}
+ACTIVE_JOB = trainer_of_job({"status": {"active": 1}})
+COMPLETE_JOB = trainer_of_job({"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+FAILED_JOB = trainer_of_job(
+    {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+)
 BASE = replace(RUNNING, generation=2, jobs_active=3, jobs_created=10, jobs_failed=1)
 
 
@@ -32,15 +33,15 @@ BASE = replace(RUNNING, generation=2, jobs_active=3, jobs_created=10, jobs_faile
     [
         ({}, Phase.RUNNING),
         ({"gateway_reachable": False}, Phase.STARTING),
-        ({"trainer_job": None}, Phase.PENDING),
-        ({"trainer_job": COMPLETE_JOB}, Phase.SUCCEEDED),
-        ({"trainer_job": FAILED_JOB}, Phase.FAILED),
+        ({"trainer": None}, Phase.PENDING),
+        ({"trainer": COMPLETE_JOB}, Phase.SUCCEEDED),
+        ({"trainer": FAILED_JOB}, Phase.FAILED),
         ({"suspended": True}, Phase.SUSPENDED),
-        ({"suspended": True, "trainer_job": None}, Phase.SUSPENDED),  # suspend outranks a missing Job
-        ({"suspended": True, "trainer_job": COMPLETE_JOB}, Phase.SUSPENDED),
+        ({"suspended": True, "trainer": None}, Phase.SUSPENDED),  # suspend outranks a missing Job
+        ({"suspended": True, "trainer": COMPLETE_JOB}, Phase.SUCCEEDED),  # the trainer's end is final
         ({"fatal_error": "bad template", "suspended": True}, Phase.FAILED),  # a fatal error outranks all
-        ({"fatal_error": "bad template", "trainer_job": COMPLETE_JOB}, Phase.FAILED),
-        ({"trainer_job": COMPLETE_JOB, "gateway_reachable": False}, Phase.SUCCEEDED),
+        ({"fatal_error": "bad template", "trainer": COMPLETE_JOB}, Phase.FAILED),
+        ({"trainer": COMPLETE_JOB, "gateway_reachable": False}, Phase.SUCCEEDED),
     ],
 )
 def test_phase_rules_apply_in_their_order(changes: dict[str, Any], phase: Phase) -> None:
@@ -48,7 +49,7 @@ def test_phase_rules_apply_in_their_order(changes: dict[str, Any], phase: Phase)
 
 
 def test_a_failed_trainer_job_message_names_the_reason_and_the_last_reported_error() -> None:
-    phase, message = phase_of(replace(BASE, trainer_job=FAILED_JOB, trainer_error="OOM at step 4"))
+    phase, message = phase_of(replace(BASE, trainer=FAILED_JOB, trainer_error="OOM at step 4"))
     assert phase is Phase.FAILED
     assert "BackoffLimitExceeded" in message
     assert "OOM at step 4" in message
@@ -101,13 +102,17 @@ def test_a_summary_that_omits_a_field_keeps_the_status_value() -> None:
     template_error=st.none() | st.text(min_size=1, max_size=20),
 )
 def test_an_unchanged_observation_gives_an_equal_status(
-    suspended: bool, reachable: bool, job: dict[str, Any] | None, step: int | None, template_error: str | None
+    suspended: bool,
+    reachable: bool,
+    job: TrainerObservation | None,
+    step: int | None,
+    template_error: str | None,
 ) -> None:
     observation = replace(
         BASE,
         suspended=suspended,
         gateway_reachable=reachable,
-        trainer_job=job,
+        trainer=job,
         summary=None if step is None else WindowSummary(step=step, completed_rollouts=4),
         template_error=template_error,
     )
@@ -116,8 +121,8 @@ def test_an_unchanged_observation_gives_an_equal_status(
 
 
 @pytest.mark.parametrize("job", [COMPLETE_JOB, FAILED_JOB])
-def test_a_finished_run_stays_finished_whatever_is_observed_later(job: dict[str, Any]) -> None:
-    finished = next_status(AsyncTrainingRunStatus(), replace(BASE, trainer_job=job), now=NOW)
-    later = next_status(finished, replace(BASE, trainer_job=ACTIVE_JOB), now=LATER)
+def test_a_finished_run_stays_finished_whatever_is_observed_later(job: TrainerObservation) -> None:
+    finished = next_status(AsyncTrainingRunStatus(), replace(BASE, trainer=job), now=NOW)
+    later = next_status(finished, replace(BASE, trainer=ACTIVE_JOB), now=LATER)
     assert later.phase is finished.phase
     assert later.message == finished.message

@@ -8,12 +8,13 @@ from typing import Any
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
 from asyncrl.operator.status import RunObservation, next_status
+from asyncrl.operator.trainer_state import TrainerObservation, trainer_of_job
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 RUNNING = RunObservation(
     generation=1,
     suspended=False,
-    trainer_job={"status": {"active": 1}},
+    trainer=trainer_of_job({"status": {"active": 1}}),
     gateway_reachable=True,
     summary=None,
     rollout_counts=None,
@@ -28,12 +29,14 @@ def _conditions(status: AsyncTrainingRunStatus) -> dict[str, Any]:
     return {c.type: (c.status.value, c.reason, c.message) for c in status.conditions}
 
 
-def _job_with(condition: str, reason: str = "", message: str = "") -> dict[str, Any]:
-    return {
-        "status": {
-            "conditions": [{"type": condition, "status": "True", "reason": reason, "message": message}]
+def _job_with(condition: str, reason: str = "", message: str = "") -> TrainerObservation:
+    return trainer_of_job(
+        {
+            "status": {
+                "conditions": [{"type": condition, "status": "True", "reason": reason, "message": message}]
+            }
         }
-    }
+    )
 
 
 def test_a_running_run_is_neither_complete_nor_failed() -> None:
@@ -46,9 +49,7 @@ def test_a_running_run_is_neither_complete_nor_failed() -> None:
 
 
 def test_a_finished_trainer_makes_the_run_complete() -> None:
-    status = next_status(
-        AsyncTrainingRunStatus(), replace(RUNNING, trainer_job=_job_with("Complete")), now=NOW
-    )
+    status = next_status(AsyncTrainingRunStatus(), replace(RUNNING, trainer=_job_with("Complete")), now=NOW)
     assert status.phase is Phase.SUCCEEDED
     assert _conditions(status)["Complete"][:2] == ("True", "Succeeded")
     assert _conditions(status)["Failed"][0] == "False"
@@ -66,9 +67,7 @@ def test_a_fatal_error_fails_the_run_with_its_reason_even_while_the_gateway_answ
 def test_the_trainers_last_error_reaches_the_message_of_a_failed_trainer_job() -> None:
     observation = replace(
         RUNNING,
-        trainer_job=_job_with(
-            "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"
-        ),
+        trainer=_job_with("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
         trainer_error="RuntimeError: CUDA out of memory",
     )
     status = next_status(AsyncTrainingRunStatus(), observation, now=NOW)

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
 from asyncrl.operator.status import RunObservation, next_status
+from asyncrl.operator.trainer_state import TrainerObservation
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 REASON = "agent template: spec: expected a mapping, got the string 'oops'"
@@ -15,7 +16,7 @@ def _observation(**changes: object) -> RunObservation:
     fields: dict[str, object] = {
         "generation": 1,
         "suspended": False,
-        "trainer_job": {"status": {}},
+        "trainer": TrainerObservation(),
         "gateway_reachable": True,
         "summary": None,
         "rollout_counts": None,

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from asyncrl.api.types import meta
+from asyncrl.api.types.rules import IMMUTABLE_FIELDS, MUTABLE_FIELDS
 
 HEADER = (
     "<!-- Generated from the pydantic API types in src/asyncrl/api/types/ by asyncrl.api.crd; do not edit.\n"
@@ -43,6 +44,20 @@ def render_reference(crd: dict[str, Any]) -> str:
         for rule in node.get(meta.VALIDATIONS_KEY, []):
             where = path + rule.get("fieldPath", "")
             lines.append(f"- `{where}`: {rule['message']}")
+    lines += [
+        "",
+        "## Changing a run's spec",
+        "",
+        "A running run applies an edit of these fields; every other field is immutable (refused at "
+        "admission, `self == oldSelf`), so no edit is silently ignored. Each applied edit is announced by "
+        "a `SpecChanged` event on the run.",
+        "",
+        "| field | effect of an edit |",
+        "|---|---|",
+        *(f"| `spec.{path}` | {effect} |" for path, effect in MUTABLE_FIELDS.items()),
+        "",
+        f"Immutable: {', '.join(f'`spec.{path}`' for path in IMMUTABLE_FIELDS)}.",
+    ]
     lines += ["", "## kubectl get columns", "", "| column | field | shown |", "|---|---|---|"]
     for column in version["additionalPrinterColumns"]:
         shown = "`-o wide`" if column.get("priority", 0) else "always"

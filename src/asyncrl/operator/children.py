@@ -70,7 +70,8 @@ def gateway_key_ref(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> tuple
     return names.gateway_key_secret_name(run["metadata"]["name"]), "key"
 
 
-def gateway_key_secret(run: Mapping[str, Any]) -> JSON:
+def gateway_key_secret(run: Mapping[str, Any], key: str | None = None) -> JSON:
+    """The generated key Secret: a fresh key, or `key` when recreated for a run whose gateway has one."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -78,7 +79,7 @@ def gateway_key_secret(run: Mapping[str, Any]) -> JSON:
             run, names.gateway_key_secret_name(run["metadata"]["name"]), names.COMPONENT_GATEWAY
         ),
         "type": "Opaque",
-        "stringData": {"key": secrets.token_urlsafe(32)},
+        "stringData": {"key": key if key is not None else secrets.token_urlsafe(32)},
     }
 
 
@@ -237,12 +238,14 @@ def trainer_job_with_template(
         },
     }
     merged = merge_pod_template(pod_template, spec.trainer.pod_template, trainer_container=TRAINER_CONTAINER)
-    job = {
+    job: JSON = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _metadata(run, names.trainer_job_name(run_name), names.COMPONENT_TRAINER),
         "spec": {"suspend": spec.suspend, "backoffLimit": 3, "template": merged.template},
     }
+    if spec.suspend:  # suspended by the run, so the run resumes it (see names.ANNOTATION_SUSPENDED_BY_RUN)
+        job["metadata"]["annotations"] = {names.ANNOTATION_SUSPENDED_BY_RUN: "true"}
     return job, merged
 
 

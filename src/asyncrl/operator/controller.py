@@ -1,14 +1,15 @@
 """The per-run controller: queued rollouts become agent Jobs, Job outcomes reach the gateway, status is kept.
 
-One instance per run, started by the operator for each run it sees. `RunController` is the rollout-Job
-supervisor; it owns the link to the run's gateway (`gateway_link.py`: calls that wait out its absence, its
-instance, the Job counters) and the status writer (`status_writer.py`), which it tells when something it
-observed changed. Five loops, none of them polling:
+One instance per run, started by the operator for each run it sees. `RunController` is the rollout
+dispatcher; it owns the link to the run's gateway (`gateway_link.py`: calls that wait out its absence, its
+instance, the Job counters) and the run's reconciler (`reconciler.py`), which it tells when something it
+observed changed. The reconciler alone decides the run's children, its trainer's suspension, stopping, the
+status and the events (`reconcile.py`); the dispatcher only launches and reports. Its loops, none polling:
 - claim: long-polls the gateway for queued rollouts and launches one Job each (rate-limited, capped),
-- reports: applies Job watch events (delivered by the namespace's one label-selected watch) to the gateway,
+- reports: applies agent Job watch events (delivered by the namespace's one label-selected watch) to the
+  gateway; the trainer Job's events go straight to the reconciler, which never waits for the gateway,
 - cancellations: follows the gateway's completion feed and deletes the Jobs of cancelled/timed-out rollouts,
-- summary and status (the writer's): long-poll the trainer's window summary, read the stats once per cycle,
-  and write the run's status when it changed, at most once per second.
+- the reconciler's: the summary long-poll, and the reconcile on every change and every few seconds.
 
 At-most-once launches, whatever the Jobs' TTL. The gateway's rollout record is the launch record: before
 creating a Job the controller calls `POST /api/rollouts/{id}/launch` with a fresh launch id. The gateway marks
@@ -57,6 +58,7 @@ from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.names import ATTEMPT_ID
 from asyncrl.operator.pool_keeper import PoolInputs, keep_agent_pool
 from asyncrl.operator.ratelimit import SlidingWindowLimiter
+from asyncrl.operator.reconciler import Reconciler
 from asyncrl.operator.renderer import TemplateRenderer, check_template
 from asyncrl.operator.retry import (
     KUBE_BACKOFF,
@@ -66,7 +68,7 @@ from asyncrl.operator.retry import (
     one_line_reason,
     retry_transient,
 )
-from asyncrl.operator.status_writer import StatusWriter
+from asyncrl.operator.run_context import RunContext
 from asyncrl.operator.templates import TemplateError, sample_variables
 from asyncrl.rollouts import RolloutState
 
@@ -86,24 +88,6 @@ VANISHED_WITHOUT_REWARD = (
     "created because the operator stopped right after the launch); not relaunched: a rollout runs at most "
     "once"
 )
-
-
-@dataclass
-class RunContext:
-    run: JSON  # the AsyncTrainingRun as read from the API
-    spec: AsyncTrainingRunSpec
-    gateway_url: str  # how the operator reaches the gateway
-    agent_gateway_url: str  # what agents are given
-    gateway_key: str
-    template_source: str
-
-    @property
-    def namespace(self) -> str:
-        return str(self.run["metadata"]["namespace"])
-
-    @property
-    def name(self) -> str:
-        return str(self.run["metadata"]["name"])
 
 
 @dataclass
@@ -127,8 +111,6 @@ class RunController:
         self.gateway = GatewayClient(context.gateway_url, context.gateway_key)
         self.limiter = SlidingWindowLimiter(context.spec.agents.max_jobs_per_minute)
         self.jobs = _JobBook()
-        self.trainer_job: JSON | None = None
-        self.ray_cluster: str | None = None  # KubeRay's state, set by ray_child.follow_ray_cluster
         self.template_error: str | None = None
         self.fatal_error: str | None = None  # set: the run is Failed with this message
         self._job_events: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
@@ -136,7 +118,7 @@ class RunController:
         self._pool_changed = asyncio.Event()  # agents.mode Pool: the pool's size may have to change
         self._stopped_for_failure = False
         self._takeover = True  # the next claim takes over leases of a claimer that is gone
-        stored = StatusWriter.stored_status(context.run).jobs
+        stored = Reconciler.stored_status(context.run).jobs
         self.link = GatewayLink(
             context,
             kube=kube,
@@ -145,26 +127,33 @@ class RunController:
             shown=JobCountsSeen(
                 created=(stored.created if stored else 0) or 0, failed=(stored.failed if stored else 0) or 0
             ),
-            on_change=lambda: self.status_writer.changed(),
+            on_change=lambda: self.reconciler.changed(),
             on_restart=self._gateway_restarted,
         )
-        self.status_writer = StatusWriter(
-            context, supervisor=self, link=self.link, kube=kube, gateway=self.gateway, metrics=metrics
+        self.reconciler = Reconciler(
+            context, dispatcher=self, link=self.link, kube=kube, gateway=self.gateway, metrics=metrics
         )
 
     # -- entry points -------------------------------------------------------------------------------------
 
     def on_job_event(self, event_type: str, job: JSON) -> None:
         """Called on the event loop by the namespace's Job watch, for this run's Jobs."""
+        component = (job["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT)
+        if component == names.COMPONENT_TRAINER:  # the reconcile's, whether or not the gateway answers
+            self.reconciler.observe_trainer_job(event_type, job)
+            return
         self._job_events.put_nowait((event_type, job))
 
-    def update_spec(self, run: JSON, spec: AsyncTrainingRunSpec) -> None:
+    def update_spec(self, run: JSON, spec: AsyncTrainingRunSpec, template_source: str) -> None:
+        """A spec edit the API server admitted (the immutable fields cannot change): the rate and the cap
+        apply at once, the template to rollouts not yet launched, suspend through the reconcile."""
         self.context.run = run
         self.context.spec = spec
+        self.context.template_source = template_source
         self.limiter.per_minute = spec.agents.max_jobs_per_minute
         self._capacity.set()
         self._pool_changed.set()
-        self.status_writer.changed()
+        self.reconciler.changed()
 
     async def run(self) -> None:
         """Run until cancelled (the run was deleted, or the operator stops)."""
@@ -173,8 +162,8 @@ class RunController:
             *([] if self.fatal_error else [self._launch_loop()]),  # an invalid template launches nothing
             self._report_loop,
             self._cancellation_loop,
-            self.status_writer.summary_loop,
-            self.status_writer.status_loop,
+            self.reconciler.summary_loop,
+            self.reconciler.reconcile_loop,
         ]
         tasks: list[asyncio.Task[None]] = [
             asyncio.create_task(loop(), name=f"{self.context.name}:{loop.__name__}") for loop in loops
@@ -190,15 +179,15 @@ class RunController:
             await self.gateway.close()
             self.metrics.forget_run(namespace=self.context.namespace, name=self.context.name)
 
-    # -- what the status writer reads -----------------------------------------------------------------------
+    # -- what the reconciler reads ------------------------------------------------------------------------
 
     @property
     def active_jobs(self) -> int:
         return len(self.jobs.active)
 
     @property
-    def stopped_for_failure(self) -> bool:
-        """The run is Failed (a template, the spec, a trainer's permanent failure) and stopped."""
+    def agents_stopped(self) -> bool:
+        """The run failed and its agents were stopped (see `stop_agents`)."""
         return self._stopped_for_failure
 
     def _gateway_restarted(self) -> None:
@@ -339,10 +328,10 @@ class RunController:
         self.limiter.record(time.monotonic())
         self.jobs.active.add(job_name)
         self.metrics.jobs_created.inc()
-        self.status_writer.changed()
+        self.reconciler.changed()
         if self.template_error is not None:
             self.template_error = None
-            self.status_writer.changed()
+            self.reconciler.changed()
 
     def _job_settings(self, timeout_seconds: float | None) -> AgentJobSettings:
         context = self.context
@@ -475,7 +464,7 @@ class RunController:
             return
         logger.warning("run %s: %s", context.name, reason)
         self.metrics.errors.labels("template").inc()
-        if self.status_writer.status.message != reason:  # not again after an operator restart
+        if self.reconciler.status.message != reason:  # not again after an operator restart
             await self.kube.post_event(context.run, reason="AgentTemplateError", message=reason, warning=True)
         self.template_error = self.fatal_error = reason
 
@@ -487,7 +476,7 @@ class RunController:
                 self.context.run, reason="AgentTemplateError", message=reason, warning=True
             )
         self.template_error = reason
-        self.status_writer.changed()
+        self.reconciler.changed()
         await self._transition(rollout.rollout_id, RolloutState.FAILED, f"agent template: {reason}")
 
     # -- Job watch events → gateway -----------------------------------------------------------------------
@@ -496,11 +485,6 @@ class RunController:
         await self.link.known.wait()  # which gateway instance a Job's outcome belongs to
         while True:
             event_type, job = await self._job_events.get()
-            component = (job["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT)
-            if component == names.COMPONENT_TRAINER:
-                self.trainer_job = None if event_type == "DELETED" else job
-                self.status_writer.changed()
-                continue
             await self._report_agent_job(event_type, job)
 
     async def _report_agent_job(self, event_type: str, job: JSON) -> None:
@@ -521,7 +505,7 @@ class RunController:
                 self._capacity.set()
         else:
             self.jobs.active.add(name)
-        self.status_writer.changed()
+        self.reconciler.changed()
         instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
         if instance is not None and instance != self.link.instance:
             return  # launched through a gateway that restarted since: its rollout is gone with it
@@ -627,25 +611,17 @@ class RunController:
             if rollout is None or rollout.state in (RolloutState.CANCELLED, RolloutState.TIMED_OUT):
                 await self.kube.delete_job(self.context.namespace, job["metadata"]["name"])
 
-    # -- status -------------------------------------------------------------------------------------------
+    # -- stopping (decided by the reconcile) -------------------------------------------------------------
 
-    async def stop_failed_run(self) -> None:
-        """A failed run stops: no restarts of a trainer that cannot succeed, no agents left running.
-
-        The trainer Job is suspended (its pod ends, the Job and its events stay for inspection) and the
-        active agent Jobs are deleted; the claim loop launches nothing more.
-        """
+    async def stop_agents(self) -> None:
+        """The run failed: launch nothing more and delete the active agent Jobs (a Pool run's pods go too).
+        The trainer's suspension is the reconcile's own action."""
         if self._stopped_for_failure:
             return
         self._stopped_for_failure = True
         self._capacity.clear()
-        self._pool_changed.set()  # a Pool run's pods go too
-        namespace = self.context.namespace
-        trainer = names.trainer_job_name(self.context.name)
-        if self.context.spec.trainer.nodes == 1:  # a RayCluster is suspended by ray_child.follow_ray_cluster
-            with contextlib.suppress(Exception):  # best effort: the run is already marked Failed
-                await self.kube.patch_job_suspend(namespace, trainer, True)
+        self._pool_changed.set()
         for job_name in sorted(self.jobs.active):
-            with contextlib.suppress(Exception):
-                await self.kube.delete_job(namespace, job_name)
-        logger.info("run %s failed: trainer stopped, agent Jobs deleted", self.context.name)
+            with contextlib.suppress(Exception):  # best effort: the run is already marked Failed
+                await self.kube.delete_job(self.context.namespace, job_name)
+        logger.info("run %s failed: agent Jobs deleted, nothing more launched", self.context.name)

@@ -32,7 +32,7 @@ from asyncrl.operator.retry import (
 )
 
 if TYPE_CHECKING:
-    from asyncrl.operator.controller import RunContext
+    from asyncrl.operator.run_context import RunContext
 
 logger = logging.getLogger(__name__)
 

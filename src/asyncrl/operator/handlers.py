@@ -21,18 +21,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-import pydantic
-from kubernetes.client.exceptions import ApiException
 
 from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, InvalidRunError, load_run
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.api.types.status import Condition, ConditionStatus, Phase, with_condition
-from asyncrl.operator import children, names, ray_child
-from asyncrl.operator.controller import RunContext, RunController
+from asyncrl.operator import children, children_io, names, ray_child
+from asyncrl.operator.children_io import TrainerJobCreation, TrainerJobRejected
+from asyncrl.operator.controller import RunController
+from asyncrl.operator.diffbase import RunDiffBaseStorage
 from asyncrl.operator.kube import JSON, JobWatch, Kube
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.renderer import RenderSettings, TemplateRenderer
-from asyncrl.operator.retry import Backoff, kube_error_is_transient, one_line_reason
+from asyncrl.operator.retry import Backoff, one_line_reason
+from asyncrl.operator.run_context import RunContext
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +103,8 @@ def _login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
 async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # Progress and diff-base go to annotations: the status belongs to our schema (kopf's would be pruned).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    # Large inline rows and templates are kept there as digests (256 KiB of annotations in all: diffbase.py).
+    settings.persistence.diffbase_storage = RunDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.WARNING
     config: OperatorConfig = memo.config
@@ -255,54 +255,6 @@ async def _template_source(kube: Kube, namespace: str, spec: AsyncTrainingRunSpe
     )
 
 
-class TrainerJobRejected(Exception):
-    """The API server refused the trainer Job for good (a 4xx: an invalid pod template, a denied request)."""
-
-
-@dataclass(frozen=True)
-class TrainerJobCreation:
-    """What the trainer Job's creation reported: the template fields refused, the API server's warnings."""
-
-    created: bool
-    refused: str | None
-    warnings: list[str]
-
-
-async def _reconcile_children(
-    kube: Kube, run: JSON, spec: AsyncTrainingRunSpec, template: str
-) -> TrainerJobCreation:
-    """Create what is missing (create-or-get: safe to repeat, never duplicates)."""
-    trainer_job, merged = children.trainer_job_with_template(run, spec)
-    desired = [
-        children.config_map(run, template if spec.agents.template.inline is not None else None),
-        children.gateway_service(run, spec),
-    ]
-    if spec.gateway.key_secret_ref is None:
-        desired.insert(0, children.gateway_key_secret(run))
-    for body in desired:
-        _, created, _warnings = await kube.create_or_get(body)
-        if created:
-            logger.info(
-                "run %s: created %s %s", run["metadata"]["name"], body["kind"], body["metadata"]["name"]
-            )
-    if spec.trainer.nodes > 1:  # the trainer on a KubeRay RayCluster instead of the Job (ray_child.py)
-        ray = await ray_child.create_ray_cluster(kube, run, spec)
-        return TrainerJobCreation(created=ray.created, refused=ray.refused, warnings=ray.warnings)
-    try:
-        _, created, warnings = await kube.create_or_get(trainer_job)
-    except Exception as error:
-        # Retrying a 4xx would repeat the same refusal forever; the spec is what must change.
-        if isinstance(error, ApiException | pydantic.ValidationError) and not kube_error_is_transient(error):
-            raise TrainerJobRejected(
-                f"the API server refused the trainer Job: {one_line_reason(error)}; fix spec.trainer "
-                "(podTemplate, resources, image) in a new run"
-            ) from error
-        raise
-    if created:
-        logger.info("run %s: created Job %s", run["metadata"]["name"], trainer_job["metadata"]["name"])
-    return TrainerJobCreation(created=created, refused=merged.refused_message(), warnings=warnings)
-
-
 POD_TEMPLATE_CONDITION = "PodTemplateApplied"
 
 
@@ -367,7 +319,7 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
         if size_error is not None:
             await _fail_run(kube, run, reason="InvalidSpec", message=size_error)
             return
-        creation = await _reconcile_children(kube, run, spec, template)
+        creation = await children_io.create_children(kube, run, spec, template)
         secret_name, secret_key = children.gateway_key_ref(run, spec)
         gateway_key = await kube.read_secret_key(namespace, secret_name, secret_key)
     except TrainerJobRejected as error:
@@ -408,27 +360,23 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
     # The Job watch only delivers changes; replay the current Jobs of this run so nothing is missed.
     for job in await kube.list_agent_jobs(namespace, name):
         controller.on_job_event("SYNC", job)
-    trainer = await kube.read_job(namespace, names.trainer_job_name(name))
-    if trainer is not None:
-        controller.on_job_event("SYNC", trainer)
-    follower = (
-        asyncio.create_task(
-            ray_child.follow_ray_cluster(kube, controller, namespace=namespace, run_name=name)
-        )
-        if spec.trainer.nodes > 1
-        else None
-    )
+    # The trainer (Job or RayCluster) is read by the reconcile itself, at its first round and each requeue.
     try:
         await controller.run()
     finally:
-        if follower is not None:
-            follower.cancel()
         if runtime.controllers.get((namespace, name)) is controller:
             del runtime.controllers[(namespace, name)]
 
 
+def _field_path(path: tuple[str, ...]) -> str:
+    parts = list(path)[1:] if path and path[0] == "spec" else list(path)  # kopf's path, relative or not
+    return ".".join(str(part) for part in parts) or "spec"
+
+
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def spec_updated(body: kopf.Body, memo: Any, old: Any, new: Any, **_: Any) -> None:
+async def spec_updated(body: kopf.Body, memo: Any, diff: Any, **_: Any) -> None:
+    """Apply an admitted spec edit to the running run and say so in an event: the fields that may change
+    mid-run are listed, with their effect, in docs/crd-reference.md (the others are refused at admission)."""
     runtime = _runtime(memo)
     try:
         run, spec = _parse(body)
@@ -439,11 +387,18 @@ async def spec_updated(body: kopf.Body, memo: Any, old: Any, new: Any, **_: Any)
         return
     namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
     controller = runtime.controllers.get((namespace, name))
-    if controller is not None:
-        controller.update_spec(run, spec)
-    if (old or {}).get("suspend") != (new or {}).get("suspend"):
-        if spec.trainer.nodes == 1:  # a RayCluster follows spec.suspend through ray_child.follow_ray_cluster
-            await runtime.kube.patch_job_suspend(namespace, names.trainer_job_name(name), spec.suspend)
-        await runtime.kube.post_event(
-            run, reason="Suspended" if spec.suspend else "Resumed", message="spec.suspend"
-        )
+    if controller is None:
+        return  # the run's task starts (again) from the spec as it is now
+    try:
+        template = await _template_source(runtime.kube, namespace, spec)
+    except Exception as error:  # a ConfigMap named by the new spec may not exist yet
+        message = f"spec change not applied: the agent template cannot be read: {one_line_reason(error)}"
+        await runtime.kube.post_event(run, reason="SpecChangeFailed", message=message, warning=True)
+        return
+    controller.update_spec(run, spec, template)
+    changed = sorted({_field_path(change[1]) for change in diff or ()})
+    await runtime.kube.post_event(
+        run,
+        reason="SpecChanged",
+        message=f"applied: {', '.join(changed) or 'spec'} (see docs/crd-reference.md)",
+    )

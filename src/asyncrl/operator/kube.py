@@ -121,8 +121,58 @@ class Kube:
                 return None
             raise
 
-    async def patch_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
-        await self._call(self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})
+    async def patch_job(self, namespace: str, name: str, patch: JSON) -> None:
+        await self._call(self.batch.patch_namespaced_job, name, namespace, patch)
+
+    async def exists(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether a child of that kind and name exists (a GET; 404 is False)."""
+        from kubernetes.client.exceptions import ApiException
+
+        _, read = self._methods(kind)
+        try:
+            await self._call(read, name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    # -- custom objects (a multi-node run's RayCluster), claims and pods -----------------------------------
+
+    async def create_custom(self, group: str, version: str, plural: str, body: JSON) -> JSON:
+        namespace = body["metadata"]["namespace"]
+        return await self._call(
+            self.custom.create_namespaced_custom_object, group, version, namespace, plural, body
+        )
+
+    async def read_custom(
+        self, group: str, version: str, plural: str, namespace: str, name: str
+    ) -> JSON | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return await self._call(
+                self.custom.get_namespaced_custom_object, group, version, namespace, plural, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def patch_custom(
+        self, group: str, version: str, plural: str, namespace: str, name: str, patch: JSON
+    ) -> None:
+        await self._call(
+            self.custom.patch_namespaced_custom_object, group, version, namespace, plural, name, patch
+        )
+
+    async def read_claim(self, namespace: str, name: str) -> JSON:
+        """A PersistentVolumeClaim (ApiException 404 when absent)."""
+        return await self._call(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[JSON]:
+        listing = await self._call(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return list(listing.get("items") or [])
 
     # -- agent Jobs ---------------------------------------------------------------------------------------
 

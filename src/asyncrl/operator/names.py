@@ -19,6 +19,9 @@ LABEL_ROLLOUT = f"{GROUP}/rollout"  # a hash: rollout ids may hold characters la
 ANNOTATION_ROLLOUT_ID = f"{GROUP}/rollout-id"
 ANNOTATION_GROUP_ID = f"{GROUP}/group-id"
 ANNOTATION_ATTEMPT_ID = f"{GROUP}/attempt-id"
+# Marks a trainer Job or RayCluster the run suspended, so that it resumes only those: one suspended by someone
+# else (Kueue suspends a labelled workload until it admits it) is left for them to resume.
+ANNOTATION_SUSPENDED_BY_RUN = f"{GROUP}/suspended-by-run"
 
 ATTEMPT_ID = "a1"  # one attempt per rollout: an agent Job has backoffLimit 0
 

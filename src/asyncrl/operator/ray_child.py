@@ -9,8 +9,6 @@ The manifest itself is built by `ray_cluster.py` (pure).
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +16,6 @@ from typing import Any
 
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.operator import names
-from asyncrl.operator.controller import RunController
 from asyncrl.operator.kube import Kube
 from asyncrl.operator.ray_cluster import (
     RAY_API_VERSION,
@@ -26,10 +23,10 @@ from asyncrl.operator.ray_cluster import (
     RAY_GROUP,
     ray_cluster,
     ray_cluster_state,
-    suspend_patch,
-    trainer_view,
+    trainer_observation,
 )
 from asyncrl.operator.retry import kube_error_is_transient, one_line_reason
+from asyncrl.operator.trainer_state import TrainerObservation
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +70,9 @@ async def create_ray_cluster(
 
     await _check_checkpoint_claim(kube, run, spec)
     body, merged = ray_cluster(run, spec)
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    name = body["metadata"]["name"]
     try:
-        await asyncio.to_thread(
-            kube.custom.create_namespaced_custom_object,
-            RAY_GROUP,
-            RAY_VERSION,
-            namespace,
-            RAY_CLUSTER_PLURAL,
-            body,
-        )
+        await kube.create_custom(RAY_GROUP, RAY_VERSION, RAY_CLUSTER_PLURAL, body)
     except ApiException as error:
         if error.status == 409:
             return RayClusterCreation(created=False, refused=merged.refused_message(), warnings=[])
@@ -110,7 +100,7 @@ async def _check_checkpoint_claim(kube: Kube, run: Mapping[str, Any], spec: Asyn
 
     namespace = run["metadata"]["namespace"]
     try:
-        pvc = await asyncio.to_thread(kube.core.read_namespaced_persistent_volume_claim, claim, namespace)
+        pvc = await kube.read_claim(namespace, claim)
     except ApiException as error:
         if error.status == 404:
             raise ClaimMissing(
@@ -124,7 +114,7 @@ async def _check_checkpoint_claim(kube: Kube, run: Mapping[str, Any], spec: Asyn
                 )
             ) from error
         raise
-    modes = list((pvc.spec.access_modes if pvc.spec is not None else None) or [])
+    modes = list((pvc.get("spec") or {}).get("accessModes") or [])
     if RWX not in modes:
         raise RayClusterRejected(
             f"spec.trainer.checkpoint.claimName: the claim {claim!r} has access modes {modes}, and "
@@ -135,22 +125,9 @@ async def _check_checkpoint_claim(kube: Kube, run: Mapping[str, Any], spec: Asyn
 
 async def read_ray_cluster(kube: Kube, namespace: str, run_name: str) -> JSON | None:
     """The run's RayCluster as stored, or None when absent (or KubeRay is not installed)."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        cluster: JSON = await asyncio.to_thread(
-            kube.custom.get_namespaced_custom_object,
-            RAY_GROUP,
-            RAY_VERSION,
-            namespace,
-            RAY_CLUSTER_PLURAL,
-            names.ray_cluster_name(run_name),
-        )
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-    return cluster
+    return await kube.read_custom(
+        RAY_GROUP, RAY_VERSION, RAY_CLUSTER_PLURAL, namespace, names.ray_cluster_name(run_name)
+    )
 
 
 async def ray_cluster_summary(kube: Kube, namespace: str, run_name: str) -> str | None:
@@ -158,46 +135,18 @@ async def ray_cluster_summary(kube: Kube, namespace: str, run_name: str) -> str 
     return ray_cluster_state(await read_ray_cluster(kube, namespace, run_name))
 
 
-FOLLOW_SECONDS = 5.0
+async def read_trainer(kube: Kube, namespace: str, run_name: str) -> TrainerObservation | None:
+    """The multi-node trainer as observed: its RayCluster and the driver in the head pod; None when the
+    cluster does not exist."""
+    cluster = await read_ray_cluster(kube, namespace, run_name)
+    if cluster is None:
+        return None
+    selector = f"ray.io/cluster={names.ray_cluster_name(run_name)},ray.io/node-type=head"
+    pods = await kube.list_pods(namespace, selector)
+    return trainer_observation(cluster, pods[0] if pods else None)
 
 
-async def follow_ray_cluster(kube: Kube, controller: RunController, *, namespace: str, run_name: str) -> None:
-    """Until cancelled: KubeRay's state into the run's status, the driver's outcome into the controller as a
-    trainer-Job view (ray_cluster.trainer_view), and the cluster suspended while the run is suspended or once
-    the driver has finished (a RayCluster, unlike a finished Job's pod, would keep its GPUs)."""
-    cluster_name = names.ray_cluster_name(run_name)
-    selector = f"ray.io/cluster={cluster_name},ray.io/node-type=head"
-    while True:
-        try:
-            cluster = await read_ray_cluster(kube, namespace, run_name)
-            if cluster is not None:
-                pods = await asyncio.to_thread(
-                    kube.core.list_namespaced_pod, namespace, label_selector=selector, _preload_content=False
-                )
-                items = json.loads(pods.data).get("items") or []
-                head = items[0] if items else None
-                view = trainer_view(cluster, head)
-                controller.ray_cluster = ray_cluster_state(cluster)
-                controller.on_job_event("SYNC", view)
-                # The driver ended, or the run failed for a reason of its own (a template, the spec, a
-                # permanent failure the trainer reported before exiting: its restarts would hold every GPU).
-                finished = bool(view["status"].get("conditions")) or controller.stopped_for_failure
-                patch = suspend_patch(
-                    cluster, run_suspended=bool(controller.context.spec.suspend), finished=finished
-                )
-                if patch is not None:
-                    await asyncio.to_thread(
-                        kube.custom.patch_namespaced_custom_object,
-                        RAY_GROUP,
-                        RAY_VERSION,
-                        namespace,
-                        RAY_CLUSTER_PLURAL,
-                        cluster_name,
-                        patch,
-                    )
-                    logger.info("run %s: RayCluster %s: %s", run_name, cluster_name, patch)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # the API server may be briefly unreachable; the next round retries
-            logger.warning("run %s: reading its RayCluster failed: %s", run_name, one_line_reason(error))
-        await asyncio.sleep(FOLLOW_SECONDS)
+async def patch_ray_cluster(kube: Kube, namespace: str, run_name: str, patch: JSON) -> None:
+    await kube.patch_custom(
+        RAY_GROUP, RAY_VERSION, RAY_CLUSTER_PLURAL, namespace, names.ray_cluster_name(run_name), patch
+    )

@@ -30,6 +30,7 @@ from typing import Any
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.operator import children, names
 from asyncrl.operator.pod_template import MergedPodTemplate
+from asyncrl.operator.trainer_state import TrainerEnd, TrainerObservation
 
 JSON = dict[str, Any]
 RAY_API_VERSION = "ray.io/v1"
@@ -47,9 +48,7 @@ DRIVER_RAY_ADDRESS = f"127.0.0.1:{RAY_GCS_PORT}"
 _HEAD_ONLY_VOLUMES = frozenset({"gateway-key"})
 # Variables only the driver needs; the Ray containers do not get them.
 _DRIVER_ONLY_ENV = frozenset({"ASYNCRL_GATEWAY_KEY"})
-# Marks a RayCluster this operator suspended, so that it resumes only those: a cluster suspended by someone
-# else (Kueue suspends a labelled cluster until it admits the whole gang) is left for them to resume.
-ANNOTATION_SUSPENDED_BY_RUN = f"{names.GROUP}/suspended-by-run"
+ANNOTATION_SUSPENDED_BY_RUN = names.ANNOTATION_SUSPENDED_BY_RUN
 
 
 def ray_cluster(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> tuple[JSON, MergedPodTemplate]:
@@ -194,26 +193,26 @@ def ray_cluster_state(cluster: Mapping[str, Any] | None) -> str | None:
 DRIVER_RESTART_LIMIT = 3
 
 
-def trainer_view(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] | None) -> JSON:
-    """The driver's outcome in the shape of the one-node trainer Job (its `Complete`/`Failed` conditions), so
-    that the run's status rules (status.py) read a multi-node trainer exactly as a one-node one.
+def trainer_observation(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] | None) -> TrainerObservation:
+    """The driver's outcome as a trainer observation, read exactly as the one-node trainer Job's.
 
-    Complete: the trainer container of the head pod exited 0. Failed: it failed more than
+    Succeeded: the trainer container of the head pod exited 0. Failed: it failed more than
     DRIVER_RESTART_LIMIT times, or KubeRay reports the cluster failed.
     """
-    metadata = cluster.get("metadata") or {}
-    view: JSON = {
-        "metadata": {
-            "name": metadata.get("name", ""),
-            "namespace": metadata.get("namespace", ""),
-            "labels": dict(metadata.get("labels") or {}),
-        },
-        "status": {},
-    }
-    condition = _driver_condition(cluster, head_pod)
-    if condition is not None:
-        view["status"]["conditions"] = [condition]
-    return view
+    suspended = bool((cluster.get("spec") or {}).get("suspend"))
+    ours = ((cluster.get("metadata") or {}).get("annotations") or {}).get(
+        ANNOTATION_SUSPENDED_BY_RUN
+    ) == "true"
+    condition = _driver_condition(cluster, head_pod) or {}
+    ended = {"Complete": TrainerEnd.SUCCEEDED, "Failed": TrainerEnd.FAILED}.get(str(condition.get("type")))
+    return TrainerObservation(
+        ended=ended,
+        reason=str(condition.get("reason") or ("Complete" if ended is TrainerEnd.SUCCEEDED else "")),
+        message=str(condition.get("message") or ""),
+        suspended=suspended,
+        suspended_by_run=ours or not suspended,
+        cluster_state=ray_cluster_state(cluster),
+    )
 
 
 def _driver_condition(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] | None) -> JSON | None:
@@ -239,18 +238,4 @@ def _driver_condition(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] | 
             "message": f"the trainer (Ray driver) failed {driver.get('restartCount')} times; last exit code "
             f"{last.get('exitCode')} ({last.get('reason') or 'Error'})",
         }
-    return None
-
-
-def suspend_patch(cluster: Mapping[str, Any], *, run_suspended: bool, finished: bool) -> JSON | None:
-    """The merge patch that makes the cluster follow its run (suspended while the run is suspended or once
-    its driver finished), or None when nothing is to change."""
-    suspended = bool((cluster.get("spec") or {}).get("suspend"))
-    ours = ((cluster.get("metadata") or {}).get("annotations") or {}).get(
-        ANNOTATION_SUSPENDED_BY_RUN
-    ) == "true"
-    if (run_suspended or finished) and not suspended:
-        return {"metadata": {"annotations": {ANNOTATION_SUSPENDED_BY_RUN: "true"}}, "spec": {"suspend": True}}
-    if not (run_suspended or finished) and suspended and ours:
-        return {"metadata": {"annotations": {ANNOTATION_SUSPENDED_BY_RUN: None}}, "spec": {"suspend": False}}
     return None

@@ -157,7 +157,20 @@ def gateway_port_taken_by_ray(port: int) -> bool:
     return port in RAY_HEAD_PORTS or RAY_HEAD_PORT_RANGE[0] <= port <= RAY_HEAD_PORT_RANGE[1]
 
 
-# Fields that define what a run trains; changing them would make its checkpoints and metrics meaningless.
+# The fields a running run applies, with the effect of an edit (the CRD reference lists them). Every other
+# field is immutable (IMMUTABLE_FIELDS), so that no edit is silently ignored: the trainer and the gateway read
+# theirs once, when their pod starts.
+MUTABLE_FIELDS: dict[str, str] = {
+    "suspend": "true: no new agent Jobs and the trainer is suspended (its pod ends); false: both resume",
+    "agents.maxJobsPerMinute": "the launch rate, at once",
+    "agents.maxActiveJobs": "the cap on active agent Jobs, from the next launch (running Jobs are kept)",
+    "agents.template": "rollouts not yet launched get the new template; launched ones keep theirs",
+    "agents.ttlSecondsAfterFinished": "agent Jobs launched from now on",
+    "agents.pool.replicas": "the agent pool is resized (agents.mode Pool)",
+}
+
+# Fields that define what a run trains, or that its trainer and gateway read once at start: changing them
+# would make its checkpoints and metrics meaningless, or would be ignored until some later restart.
 IMMUTABLE_FIELDS = (
     "model",
     "trainBatchSize",
@@ -167,9 +180,34 @@ IMMUTABLE_FIELDS = (
     "async.enabled",
     "async.windowSize",
     "agents.mode",  # Jobs and Pool launch differently; a switch mid-run would strand the other's agents
+    # Whole sections read by the trainer pod (the finer paths above keep their precise messages):
+    "data",
+    "rollout",
+    "rolloutTimeoutSeconds",
+    "totalSteps",
+    "maxFailedSteps",
+    "async",
+    "rolloutCorrection",
+    "trainer",
+    "gateway",
+    "logging",
 )
 # Immutable fields that may be absent; the others are required or defaulted by the API server.
-_OPTIONAL_IMMUTABLE_FIELDS = frozenset({"async.windowSize"})
+_OPTIONAL_IMMUTABLE_FIELDS = frozenset(
+    {
+        "async.windowSize",
+        "data",
+        "rollout",
+        "rolloutTimeoutSeconds",
+        "totalSteps",
+        "maxFailedSteps",
+        "async",
+        "rolloutCorrection",
+        "trainer",
+        "gateway",
+        "logging",
+    }
+)
 
 
 def immutable_message(path: str) -> str:

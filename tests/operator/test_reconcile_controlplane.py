@@ -1,0 +1,220 @@
+"""The operator's one level-triggered reconcile on the real control plane (issue 25).
+
+Real parts: kube-apiserver, the Job/GC controllers, the `asyncrl operator` process, the gateway sidecar.
+Stand-ins: the pod runner for the kubelet, `tests/operator/stub_trainer.py` for the trainer image, and, where
+a test needs a gateway that never answers or a trainer that always fails, images that only sleep or exit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pytest
+
+from asyncrl.launch.podspec import Image, ImageTable
+from asyncrl.operator import names
+from asyncrl.testing.podrunner import PodRunner
+from asyncrl.testing.waiting import wait_for
+from tests.operator.conftest import OperatorStarter
+from tests.support.kube import (
+    AGENT_TEMPLATE,
+    agent_jobs,
+    apply_ok,
+    events,
+    kubectl_run,
+    run_manifest,
+    run_object,
+    run_status,
+    status_condition,
+    wait_for_phase,
+)
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+CHILD_NAMES = {
+    "job": names.trainer_job_name,
+    "service": names.gateway_service_name,
+    "secret": names.gateway_key_secret_name,
+    "configmap": names.config_map_name,
+}
+KINDS = {"job": "Job", "service": "Service", "secret": "Secret", "configmap": "ConfigMap"}
+SILENT_GATEWAY_IMAGE = "asyncrl.test/silent-gateway"  # runs, never listens
+FAILING_TRAINER_IMAGE = "asyncrl.test/failing-trainer"  # exits 3 at once, every time
+
+
+@pytest.fixture(autouse=True)
+def _broken_images(image_table: ImageTable) -> None:
+    image_table[SILENT_GATEWAY_IMAGE] = Image(
+        entrypoint=(sys.executable, "-c", "import time; time.sleep(3600)"), replace_command=True
+    )
+    image_table[FAILING_TRAINER_IMAGE] = Image(
+        entrypoint=(sys.executable, "-c", "import sys; sys.exit(3)"), replace_command=True
+    )
+
+
+def _children(api_client: Any, namespace: str, run: str) -> dict[str, str | None]:
+    """The uid of each of the run's children (None: absent)."""
+    from kubernetes import client
+
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    reads = {
+        "Secret": lambda: core.read_namespaced_secret(names.gateway_key_secret_name(run), namespace),
+        "ConfigMap": lambda: core.read_namespaced_config_map(names.config_map_name(run), namespace),
+        "Service": lambda: core.read_namespaced_service(names.gateway_service_name(run), namespace),
+        "Job": lambda: batch.read_namespaced_job(names.trainer_job_name(run), namespace),
+    }
+    uids: dict[str, str | None] = {}
+    for kind, read in reads.items():
+        try:
+            uids[kind] = read().metadata.uid
+        except client.exceptions.ApiException as error:
+            if error.status != 404:
+                raise
+            uids[kind] = None
+    return uids
+
+
+def _secret_key(api_client: Any, namespace: str, run: str) -> str:
+    from kubernetes import client
+
+    secret = client.CoreV1Api(api_client).read_namespaced_secret(
+        names.gateway_key_secret_name(run), namespace
+    )
+    return str(secret.data["key"])
+
+
+def test_the_trainer_job_service_secret_and_config_map_deleted_mid_run_are_recreated(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    start_operator()
+    # TTL 0: the agent Jobs of the first trainer pod go at once, so the restarted trainer's rollouts (the same
+    # ids on a new gateway) get their own Jobs.
+    manifest = run_manifest("heal", totalSteps=10)
+    manifest["spec"]["agents"]["ttlSecondsAfterFinished"] = 0
+    apply_ok(kubectl, namespace, manifest)
+    wait_for_phase(api_client, namespace, "heal", "Running", timeout=120, what="the run to be Running")
+    before = _children(api_client, namespace, "heal")
+    key = _secret_key(api_client, namespace, "heal")
+    assert None not in before.values(), before
+
+    # What the trainer pod mounts first (the pod runner, unlike a kubelet, does not retry a missing volume),
+    # then the trainer Job itself.
+    for kinds in (("service", "secret", "configmap"), ("job",)):
+        for kind in kinds:
+            deleted = kubectl_run(kubectl, "delete", "-n", namespace, kind, CHILD_NAMES[kind]("heal"))
+            assert deleted.returncode == 0, deleted.stderr
+
+        def recreated(kinds: tuple[str, ...] = kinds) -> dict[str, str | None] | None:
+            now = _children(api_client, namespace, "heal")
+            fresh = all(now[KINDS[kind]] not in (None, before[KINDS[kind]]) for kind in kinds)
+            return now if fresh else None
+
+        wait_for(recreated, timeout=120, what=f"{', '.join(kinds)} recreated (new uids)")
+    assert _secret_key(api_client, namespace, "heal") == key  # the gateway key the run already uses
+    warned = events(kubectl, namespace, reason="ChildRecreated")
+    assert {event["type"] for event in warned} == {"Warning"}
+    notes = " ".join(event["note"] for event in warned)
+    for word in ("Secret", "ConfigMap", "Service", "Trainer"):
+        assert word in notes, notes
+    # The recreated trainer pod starts (its ConfigMap and Secret are there) and the run trains to the end.
+    status = wait_for_phase(
+        api_client, namespace, "heal", "Succeeded", "Failed", timeout=300, what="the run to end"
+    )
+    assert status["phase"] == "Succeeded", status
+
+
+def test_a_trainer_job_that_fails_while_its_gateway_never_answers_fails_the_run_with_the_jobs_reason(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    start_operator()
+    manifest = run_manifest("no-gateway")
+    manifest["spec"]["gateway"]["image"] = SILENT_GATEWAY_IMAGE
+    manifest["spec"]["trainer"]["image"] = FAILING_TRAINER_IMAGE
+    apply_ok(kubectl, namespace, manifest)
+    status = wait_for_phase(
+        api_client, namespace, "no-gateway", "Failed", timeout=240, what="the run to fail"
+    )
+    assert "the trainer Job failed (BackoffLimitExceeded)" in status["message"]
+    assert "its gateway never answered" in status["message"]
+    failed = status_condition(status, "Failed")
+    assert failed is not None
+    assert (failed["status"], failed["reason"]) == ("True", "Failed")
+    assert status_condition(status, "GatewayReachable") is None  # not a fault of a run that ended
+    (event,) = events(kubectl, namespace, reason="PhaseFailed")
+    assert event["type"] == "Warning"
+    assert "BackoffLimitExceeded" in event["note"]
+
+
+def test_a_run_goes_through_the_phases_once_and_ends_without_flapping(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    start_operator()
+    apply_ok(kubectl, namespace, run_manifest("phases"))
+    wait_for_phase(api_client, namespace, "phases", "Succeeded", timeout=240, what="the run to succeed")
+    # The phase events in the order they were posted: the machine's path, each phase once.
+    posted = sorted(
+        (event for event in events(kubectl, namespace) if event["reason"].startswith("Phase")),
+        key=lambda event: (event.get("eventTime") or "", event["metadata"]["creationTimestamp"]),
+    )
+    path = [event["reason"].removeprefix("Phase") for event in posted]
+    assert path in (["Starting", "Running", "Succeeded"], ["Pending", "Starting", "Running", "Succeeded"]), (
+        path
+    )
+    assert {event["type"] for event in posted} == {"Normal"}
+    status = run_status(api_client, namespace, "phases")
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Complete"] == ("True", "Succeeded")
+    assert conditions["Failed"] == ("False", "Succeeded")
+    assert conditions["Ready"][0] == "False"
+    assert "GatewayReachable" not in conditions
+
+
+def test_a_template_edited_while_suspended_is_used_for_the_rollouts_launched_after(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    start_operator()
+    apply_ok(kubectl, namespace, run_manifest("edit", suspend=True))
+    wait_for_phase(api_client, namespace, "edit", "Suspended", timeout=120, what="the run to be Suspended")
+    edited = AGENT_TEMPLATE.replace(
+        "        env:\n", '        env:\n        - name: TEMPLATE_EDIT\n          value: "2"\n'
+    )
+    assert edited != AGENT_TEMPLATE
+    patch = {"spec": {"agents": {"template": {"inline": edited}}}}
+    out = kubectl_run(
+        kubectl, "patch", "-n", namespace, "atr", "edit", "--type=merge", "-p", json.dumps(patch)
+    )
+    assert out.returncode == 0, out.stderr
+    wait_for(
+        lambda: events(kubectl, namespace, reason="SpecChanged"), timeout=60, what="the SpecChanged event"
+    )
+    (changed,) = events(kubectl, namespace, reason="SpecChanged")
+    assert "agents.template.inline" in changed["note"]
+    assert run_object(api_client, namespace, "edit")["spec"]["suspend"] is True
+    out = kubectl_run(
+        kubectl, "patch", "-n", namespace, "atr", "edit", "--type=merge", "-p", '{"spec": {"suspend": false}}'
+    )
+    assert out.returncode == 0, out.stderr
+    wait_for_phase(api_client, namespace, "edit", "Succeeded", timeout=240, what="the run to succeed")
+    jobs = agent_jobs(api_client, namespace, "edit")
+    assert jobs
+    for job in jobs:
+        env = {item.name: item.value for item in job.spec.template.spec.containers[0].env or []}
+        assert env.get("TEMPLATE_EDIT") == "2", job.metadata.name
