@@ -118,6 +118,27 @@ REFUSED = {
         ),
         f"{POD}.volumes[0].ephemeral.volumeClaimTemplate.spec.dataSource",
     ),
+    "ephemeral-picks-a-volume": (
+        _job(
+            {
+                "volumes": [
+                    {
+                        "name": "pick",
+                        "ephemeral": {
+                            "volumeClaimTemplate": {
+                                "spec": {
+                                    "accessModes": ["ReadOnlyMany"],
+                                    "resources": {"requests": {"storage": "1Gi"}},
+                                    "selector": {"matchLabels": {"data": "other-run"}},
+                                }
+                            }
+                        },
+                    }
+                ]
+            }
+        ),
+        f"{POD}.volumes[0].ephemeral.volumeClaimTemplate.spec.selector",
+    ),
     "node-name": (_job({"nodeName": "gpu-node-7"}), f"{POD}.nodeName"),
     "share-process-namespace": (_job({"shareProcessNamespace": True}), f"{POD}.shareProcessNamespace"),
     "proc-mount": (

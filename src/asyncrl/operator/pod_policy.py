@@ -46,8 +46,8 @@ VOLUME_REASONS = {
     ),
     "nfs": "a network filesystem export is not allowed (storage shared outside the run, no claim or quota)",
 }
-# An ephemeral volume's new claim may not start as a copy of, or be bound to, existing storage.
-EPHEMERAL_SOURCES = ("dataSource", "dataSourceRef", "volumeName")
+# An ephemeral volume's new claim may not start as a copy of, or pick, existing storage.
+EPHEMERAL_SOURCES = ("dataSource", "dataSourceRef", "volumeName", "selector")
 # Pod Security Standards "baseline": the capabilities a container may add.
 BASELINE_CAPABILITIES = frozenset(
     {
@@ -160,8 +160,8 @@ def _volume_violations(volume: dict[str, Any], path: str) -> Iterator[tuple[str,
         if claim.get(field) is not None:
             yield (
                 f"{path}.ephemeral.volumeClaimTemplate.spec.{field}",
-                "a new claim made from or bound to existing storage is not allowed (another run's claim or "
-                "volume)",
+                "a new claim made from, or choosing, existing storage is not allowed (another run's claim "
+                "or volume)",
             )
     for index, source in enumerate((volume.get("projected") or {}).get("sources") or []):
         audience = (source.get("serviceAccountToken") or {}).get("audience")
