@@ -521,3 +521,28 @@ def _holds(stored: Any, wanted: Any) -> bool:
     if isinstance(wanted, list):
         return isinstance(stored, list) and len(stored) == len(wanted) and all(map(_holds, stored, wanted))
     return bool(stored == wanted)
+
+
+@pytest.mark.slow
+def test_a_resume_that_fails_lets_go_of_the_pause(tmp_path: Path) -> None:
+    """Once the trainer tries to resume, a gateway still paused is not its update any more: the alert on a
+    gateway paused without an update must fire then, not wait for the trainer to die. Against a real gateway
+    that is stopped between the pause and the resume."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    gateway = _gateway(port, tmp_path)
+    reports: list[bool] = []
+
+    async def pause_then_resume() -> None:
+        async with PauseReportingClient(url, KEY, report=reports.append, timeout_seconds=5) as client:
+            await client.pause(reason="update", wait_seconds=1)
+            assert reports == [True]
+            gateway.stop()
+            with pytest.raises(httpx.TransportError):
+                await client.resume(model_version=1)
+
+    try:
+        asyncio.run(pause_then_resume())
+    finally:
+        gateway.stop()
+    assert reports == [True, False]

@@ -14,10 +14,11 @@ from asyncrl.gateway.models import PauseView
 
 
 class PauseReportingClient(GatewayClient):
-    """`GatewayClient` calling `report(True)` before each pause and `report(view.paused)` after each resume.
+    """`GatewayClient` calling `report(True)` before each pause and `report(False)` before each resume.
 
-    Held from before the pause is sent (a pause whose answer is lost still paused the gateway) until a resume
-    is answered open.
+    Held from before the pause is sent (a pause whose answer is lost still paused the gateway) until the
+    trainer lets go: once it resumes, a gateway still paused (a resume that failed and was given up) is no
+    longer the trainer's work, which is what the alert on a gateway paused without an update must see.
     """
 
     def __init__(
@@ -40,6 +41,5 @@ class PauseReportingClient(GatewayClient):
         )
 
     async def resume(self, *, model_version: int | None = None) -> PauseView:
-        view = await super().resume(model_version=model_version)
-        self._report(view.paused)
-        return view
+        self._report(False)
+        return await super().resume(model_version=model_version)
