@@ -238,11 +238,18 @@ def trainer_job_with_template(
         },
     }
     merged = merge_pod_template(pod_template, spec.trainer.pod_template, trainer_container=TRAINER_CONTAINER)
+    metadata = _metadata(run, names.trainer_job_name(run_name), names.COMPONENT_TRAINER)
+    # The pod template's labels on the Job too (the operator's win): Kueue reads its queue label there.
+    template_labels = (merged.template.get("metadata") or {}).get("labels") or {}
+    metadata["labels"] = {**template_labels, **metadata["labels"]}
+    # A queued Job starts suspended, as Kueue expects, and Kueue resumes it on admission (not the run: no
+    # suspended-by-run mark unless spec.suspend says so).
+    queued = names.queue_of(template_labels) is not None
     job: JSON = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(run, names.trainer_job_name(run_name), names.COMPONENT_TRAINER),
-        "spec": {"suspend": spec.suspend, "backoffLimit": 3, "template": merged.template},
+        "metadata": metadata,
+        "spec": {"suspend": spec.suspend or queued, "backoffLimit": 3, "template": merged.template},
     }
     if spec.suspend:  # suspended by the run, so the run resumes it (see names.ANNOTATION_SUSPENDED_BY_RUN)
         job["metadata"]["annotations"] = {names.ANNOTATION_SUSPENDED_BY_RUN: "true"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 from asyncrl.api.types.meta import (
     GROUP as GROUP,  # the API group: the labels and annotations below live under it
@@ -22,6 +23,15 @@ ANNOTATION_ATTEMPT_ID = f"{GROUP}/attempt-id"
 # Marks a trainer Job or RayCluster the run suspended, so that it resumes only those: one suspended by someone
 # else (Kueue suspends a labelled workload until it admits it) is left for them to resume.
 ANNOTATION_SUSPENDED_BY_RUN = f"{GROUP}/suspended-by-run"
+# Kueue's queue label: a run whose trainer pod template carries it has its trainer Job (or RayCluster) created
+# suspended and labelled, and Kueue resumes it when the queue's quota admits it (docs/queueing.md).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def queue_of(labels: Mapping[str, str] | None) -> str | None:
+    """The Kueue queue named in these labels, if any."""
+    return (labels or {}).get(KUEUE_QUEUE_LABEL) or None
+
 
 ATTEMPT_ID = "a1"  # one attempt per rollout: an agent Job has backoffLimit 0
 

@@ -72,7 +72,9 @@ def ray_cluster(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> tuple[JSO
             "ownerReferences": [children.owner_reference(run)],
         },
         "spec": {
-            "suspend": spec.suspend,  # created suspended with its run: marked as the run's, to be resumed
+            # Created suspended with its run (marked as the run's, to be resumed), or for Kueue to resume when
+            # a queue is named, as for the one-node trainer Job.
+            "suspend": spec.suspend or names.queue_of(head["metadata"].get("labels")) is not None,
             "enableInTreeAutoscaling": False,  # a fixed gang: verl places its workers once, at the start
             "headGroupSpec": {"rayStartParams": {}, "template": head},
             "workerGroupSpecs": [
@@ -212,6 +214,7 @@ def trainer_observation(cluster: Mapping[str, Any], head_pod: Mapping[str, Any] 
         suspended=suspended,
         suspended_by_run=ours or not suspended,
         cluster_state=ray_cluster_state(cluster),
+        queue=names.queue_of((cluster.get("metadata") or {}).get("labels")),
     )
 
 

@@ -8,6 +8,8 @@ Phase rules, first match wins:
   or Succeeded;
 - `spec.suspend` → Suspended;
 - no trainer yet → Pending, naming what it waits for (the trainer Job being created);
+- the trainer suspended by someone else (Kueue, until it admits the trainer): Pending before the run first
+  ran, naming the queue; Suspended after (Kueue preempted it), until it is admitted again;
 - the gateway answers → Running;
 - the run was Running before (its startTime is set) → Running still, the message saying the gateway does not
   answer (the trainer pod restarts, or its Job is being recreated): a phase never goes back to Starting;
@@ -78,6 +80,11 @@ def phase_of(observation: RunObservation, *, was_running: bool = False) -> tuple
             return Phase.SUSPENDED, "suspended: no new agent Jobs; the trainer is suspended"
         case RunObservation(trainer=None) if not was_running:
             return Phase.PENDING, PENDING_TRAINER
+        case RunObservation(trainer=TrainerObservation(suspended=True, suspended_by_run=False)):
+            assert trainer is not None
+            if was_running:
+                return Phase.SUSPENDED, f"the trainer was suspended by {_holder(trainer)} (preempted?)"
+            return Phase.PENDING, f"waiting for {_holder(trainer)} to admit the trainer"
         case RunObservation(gateway_reachable=True):
             return Phase.RUNNING, f"training ({last_error}; it was restarted)" if last_error else "training"
         case _ if was_running:
@@ -85,6 +92,11 @@ def phase_of(observation: RunObservation, *, was_running: bool = False) -> tuple
             return Phase.RUNNING, f"training; the gateway does not answer{missing}"
         case _:
             return Phase.STARTING, STARTING
+
+
+def _holder(trainer: TrainerObservation) -> str:
+    """Who suspended a trainer the run did not: its Kueue queue, when it names one."""
+    return f"Kueue (queue {trainer.queue})" if trainer.queue else "someone else (not this run)"
 
 
 def _condition(kind: str, ok: bool, reason: str, message: str, now: datetime, generation: int) -> Condition:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from asyncrl.operator.names import ANNOTATION_SUSPENDED_BY_RUN
+from asyncrl.operator.names import ANNOTATION_SUSPENDED_BY_RUN, queue_of
 
 
 class TrainerEnd(StrEnum):
@@ -28,6 +28,7 @@ class TrainerObservation:
     suspended: bool = False  # the trainer object's spec.suspend
     suspended_by_run: bool = True  # a RayCluster suspended by someone else is left alone
     cluster_state: str | None = None  # KubeRay's state of a multi-node run's cluster, for the status
+    queue: str | None = None  # the Kueue queue named on the trainer object (kueue.x-k8s.io/queue-name)
 
 
 def trainer_of_job(job: Mapping[str, Any]) -> TrainerObservation:
@@ -35,12 +36,17 @@ def trainer_of_job(job: Mapping[str, Any]) -> TrainerObservation:
     suspended = bool((job.get("spec") or {}).get("suspend"))
     ours = ((job.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SUSPENDED_BY_RUN) == "true"
     by_run = ours or not suspended
+    queue = queue_of((job.get("metadata") or {}).get("labels"))
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("status") != "True":
             continue
         if condition.get("type") == "Complete":
             return TrainerObservation(
-                ended=TrainerEnd.SUCCEEDED, reason="Complete", suspended=suspended, suspended_by_run=by_run
+                ended=TrainerEnd.SUCCEEDED,
+                reason="Complete",
+                suspended=suspended,
+                suspended_by_run=by_run,
+                queue=queue,
             )
         if condition.get("type") == "Failed":
             return TrainerObservation(
@@ -49,8 +55,9 @@ def trainer_of_job(job: Mapping[str, Any]) -> TrainerObservation:
                 message=str(condition.get("message") or ""),
                 suspended=suspended,
                 suspended_by_run=by_run,
+                queue=queue,
             )
-    return TrainerObservation(suspended=suspended, suspended_by_run=by_run)
+    return TrainerObservation(suspended=suspended, suspended_by_run=by_run, queue=queue)
 
 
 def suspend_patch(*, suspend: bool) -> dict[str, Any]:
