@@ -13,17 +13,23 @@ missing run, and the argument checks.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import pytest
 
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
+from asyncrl.cluster_cli import PortForwarder
 from asyncrl.operator import names
 from asyncrl.testing.controlplane import ControlPlane
 from tests.api.conftest import installed_crd  # noqa: F401  (a fixture used by these tests)
+from tests.gateway.conftest import launch_upstream
 from tests.support.kube import apply_ok, run_manifest
 
 
@@ -276,3 +282,62 @@ def test_bad_arguments_are_refused_before_the_cluster_is_asked(args: list[str], 
     )
     assert done.returncode == 2
     assert complaint in done.stderr
+
+
+class _LoopbackStream:
+    """The one stand-in here: what `kubernetes.stream.portforward` returns, with its socket connected straight
+    to a local server instead of through an API server and a kubelet (neither can forward here)."""
+
+    def __init__(self, port: int) -> None:
+        self._socket = socket.create_connection(("127.0.0.1", port))
+
+    def socket(self, port: int) -> socket.socket:
+        del port
+        return self._socket
+
+    def error(self, port: int) -> None:
+        del port
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def test_each_local_connection_is_pumped_both_ways_to_the_pod(tmp_path: Path) -> None:
+    """PortForwarder.serve with real sockets and a real HTTP server (the fake OpenAI upstream process) on the
+    far side: several requests, one connection each, answered in full."""
+    url, server = launch_upstream(tmp_path)
+    port = int(url.rsplit(":", 1)[1])
+
+    class Loopback(PortForwarder):
+        def _open(self) -> Any:
+            return _LoopbackStream(self.remote_port)
+
+    forwarder = Loopback(cast(Any, None), pod_name="demo-trainer-abcde", remote_port=port)
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            local = listener.getsockname()[1]
+
+            def accept() -> None:
+                for _ in range(3):
+                    connection, _ = listener.accept()
+                    threading.Thread(target=forwarder.serve, args=(connection,), daemon=True).start()
+
+            acceptor = threading.Thread(target=accept, daemon=True)
+            acceptor.start()
+            answer_text = " ".join(f"word{index}" for index in range(40_000))  # ~350 KB: many chunks
+            for call in range(3):
+                with httpx.Client(timeout=30) as client:  # a new connection each time
+                    answer = client.post(
+                        f"http://127.0.0.1:{local}/v1/chat/completions",
+                        json={
+                            "model": "m",
+                            "messages": [{"role": "user", "content": f"call {call}"}],
+                            "fake_answer": answer_text,
+                        },
+                    )
+                assert answer.status_code == 200
+                assert answer.json()["choices"][0]["message"]["content"] == answer_text
+            assert httpx.get(f"{url}/stats", timeout=30).json()["calls"] == 3
+            acceptor.join(timeout=30)
+    finally:
+        server.stop()
