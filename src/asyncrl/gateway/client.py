@@ -17,6 +17,7 @@ import httpx
 
 from asyncrl.gateway.events_wire import EventsDocument, parse_events_batch
 from asyncrl.gateway.models import (
+    DEFAULT_LISTING_PAGE,
     ClaimRequest,
     CompletionPage,
     EventsBatchRequest,
@@ -25,6 +26,7 @@ from asyncrl.gateway.models import (
     LaunchRequest,
     PauseView,
     RolloutCreate,
+    RolloutPage,
     RolloutView,
     TrainerReport,
     Transition,
@@ -217,12 +219,36 @@ class GatewayClient:
     async def list_rollouts(
         self, *, state: RolloutState | None = None, group_id: str | None = None
     ) -> tuple[list[RolloutView], int]:
-        """The rollouts (filtered) and the completion-feed cursor at the time of the listing."""
-        params = {
-            key: value for key, value in (("state", state), ("group_id", group_id)) if value is not None
-        }
-        body = (await self._request("GET", "/api/rollouts", params=params)).json()
-        return [RolloutView.model_validate(item) for item in body["rollouts"]], int(body["cursor"])
+        """Every rollout (filtered), page after page, and the completion-feed cursor when the listing began.
+
+        The first page's cursor: a rollout that ended while the pages were read is in the feed after it,
+        even if a later page shows it ended too (recording a terminal state twice is harmless; missing one
+        is not).
+        """
+        rollouts: list[RolloutView] = []
+        page = await self.list_rollouts_page(state=state, group_id=group_id)
+        cursor = page.cursor
+        rollouts.extend(page.rollouts)
+        while page.next_page is not None:
+            page = await self.list_rollouts_page(state=state, group_id=group_id, page=page.next_page)
+            rollouts.extend(page.rollouts)
+        return rollouts, cursor
+
+    async def list_rollouts_page(
+        self,
+        *,
+        state: RolloutState | None = None,
+        group_id: str | None = None,
+        page: str | None = None,
+        limit: int = DEFAULT_LISTING_PAGE,
+    ) -> RolloutPage:
+        """One page of the listing: the first without `page`, then the one its `next_page` names."""
+        params: dict[str, Any] = {"limit": limit}
+        for key, value in (("state", state), ("group_id", group_id), ("page", page)):
+            if value is not None:
+                params[key] = value
+        response = await self._request("GET", "/api/rollouts", params=params)
+        return RolloutPage.model_validate_json(response.content)
 
     async def get_rollout(self, rollout_id: str) -> RolloutView:
         return RolloutView.model_validate((await self._request("GET", f"/api/rollouts/{rollout_id}")).json())

@@ -118,6 +118,21 @@ class CompletionEntry(BaseModel):
     message: str | None
 
 
+DEFAULT_LISTING_PAGE = 1000  # rows of a `GET /api/rollouts` page without `limit`
+MAX_LISTING_PAGE = 10_000
+
+
+class RolloutPage(BaseModel):
+    """`GET /api/rollouts`: one page of the rollouts (filtered), in creation order. Follow `next_page` until
+    it is None; a walk through the pages sees each rollout at most once, and rollouts created meanwhile."""
+
+    rollouts: list[RolloutView]
+    cursor: int = Field(description="The completion feed's cursor when this page was read.")
+    next_page: str | None = Field(
+        default=None, description="Pass as `page` for the next page; None: this was the last page."
+    )
+
+
 class CompletionPage(BaseModel):
     entries: list[CompletionEntry]
     cursor: int

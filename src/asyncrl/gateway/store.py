@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT
+from asyncrl.gateway.listing import ListingOrder, Page
 from asyncrl.gateway.models import (
     CompletionEntry,
     LaunchTotals,
@@ -90,6 +91,10 @@ class CaptureFull(Exception):
 class FeedGap(LookupError):
     """The cursor is older than the retained feed; the caller must resync from the rollout listing (410)."""
 
+
+# How many rollouts one listing page may look at (at least): a filtered page stops there, short, so no page
+# costs the loop more than a few milliseconds.
+LISTING_MIN_SCANNED = 20_000
 
 # What a stored call costs besides its arrays and bodies: the object, its strings, its dict (measured
 # roughly with sys.getsizeof; it keeps the byte limits honest for calls without tokens).
@@ -162,6 +167,7 @@ class Rollout:
     message: str | None = None
     claimed_until: float = 0.0
     claim_key: str | None = None  # the claim that holds (or last held) the lease, when it named itself
+    listing_position: int = 0  # where the rollout stands in the listing's order (`listing.py`)
     launched_at: float | None = None
     launch_id: str | None = None
     calls: deque[CapturedCall] = field(default_factory=deque)
@@ -247,6 +253,7 @@ class RolloutStore:
         # everything it held (rollouts, feed cursor, upstreams) is gone.
         self.instance_id = uuid.uuid4().hex
         self._rollouts: dict[str, Rollout] = {}
+        self._listing: ListingOrder[Rollout] = ListingOrder()
         self._feed: deque[CompletionEntry] = deque(maxlen=max_feed_entries)
         self._next_seq = 1
         self.finished_totals: dict[RolloutState, int] = {}  # terminal transitions ever, survives deletion
@@ -287,6 +294,7 @@ class RolloutStore:
                     created_at=now,
                 )
                 self._rollouts[request.rollout_id] = rollout
+                rollout.listing_position = self._listing.add(rollout)
             created.append(rollout)
         if requests:
             self._queued_signal.fire()
@@ -309,6 +317,21 @@ class RolloutStore:
             and (group_id is None or rollout.group_id == group_id)
         ]
 
+    def list_page(
+        self, *, state: RolloutState | None, group_id: str | None, after: int, limit: int
+    ) -> Page[Rollout]:
+        """One page of the listing (`GET /api/rollouts`): up to `limit` rollouts (filtered) created after
+        listing position `after`, in creation order; its work is bounded whatever the store holds."""
+
+        def keep(rollout: Rollout) -> bool:
+            return (state is None or rollout.state == state) and (
+                group_id is None or rollout.group_id == group_id
+            )
+
+        return self._listing.page(
+            after=after, limit=limit, max_scanned=max(limit, LISTING_MIN_SCANNED), keep=keep
+        )
+
     def counts_by_state(self) -> dict[RolloutState, int]:
         counts = dict.fromkeys(RolloutState, 0)
         for rollout in self._rollouts.values():
@@ -320,6 +343,7 @@ class RolloutStore:
         for rollout_id in rollout_ids:
             rollout = self._rollouts.pop(rollout_id, None)
             if rollout is not None:
+                self._listing.remove(rollout.listing_position)
                 self._free_capture(rollout.capture_bytes)
                 if rollout.timeout_handle is not None:
                     rollout.timeout_handle.cancel()

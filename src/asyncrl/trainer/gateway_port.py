@@ -57,7 +57,8 @@ class TrainerGateway(Protocol):
     async def create_rollouts(self, rollouts: Iterable[RolloutCreate]) -> list[RolloutView]: ...
 
     async def list_rollouts(self) -> tuple[list[RolloutView], int]:
-        """Every rollout the gateway holds, and the completion feed's cursor at the time of the listing."""
+        """Every rollout the gateway holds (read in bounded pages), and the completion feed's cursor when the
+        listing began: a rollout that ended meanwhile may show ended in the listing and in the feed too."""
         ...
 
     async def transition(self, rollout_id: str, state: RolloutState, *, message: str | None) -> RolloutView:

@@ -6,16 +6,19 @@ The rollouts' events are `events.py`'s.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Query, Request, Response
 
 from asyncrl.gateway.models import (
+    DEFAULT_LISTING_PAGE,
+    MAX_LISTING_PAGE,
     ClaimRequest,
     DeleteRequest,
     LaunchReceipt,
     LaunchRequest,
     RolloutCreate,
+    RolloutPage,
     RolloutView,
     Transition,
 )
@@ -30,6 +33,8 @@ from asyncrl.gateway.store import (
     RolloutConflict,
 )
 from asyncrl.rollouts import RolloutState
+
+PAGE_PATTERN = r"^[0-9]{1,18}$"  # a listing position, as `next_page` gave it
 
 
 def rollouts_router(parts: GatewayParts) -> APIRouter:
@@ -47,9 +52,20 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
         return {"rollouts": [rollout.view() for rollout in created]}
 
     @router.get("/api/rollouts", dependencies=[Management])
-    async def list_rollouts(state: RolloutState | None = None, group_id: str | None = None) -> dict[str, Any]:
-        rollouts = store.select(state=state, group_id=group_id)
-        return {"rollouts": [rollout.view() for rollout in rollouts], "cursor": store.feed_cursor}
+    async def list_rollouts(
+        state: RolloutState | None = None,
+        group_id: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LISTING_PAGE)] = DEFAULT_LISTING_PAGE,
+        page: Annotated[str | None, Query(pattern=PAGE_PATTERN)] = None,
+    ) -> Response:
+        """One bounded page (`RolloutPage`): the whole listing in one answer held the loop for seconds."""
+        found = store.list_page(state=state, group_id=group_id, after=int(page or 0), limit=limit)
+        answer = RolloutPage(
+            rollouts=[rollout.view() for rollout in found.items],
+            cursor=store.feed_cursor,
+            next_page=None if found.last_position is None else str(found.last_position),
+        )
+        return Response(answer.model_dump_json(), media_type="application/json")
 
     @router.post("/api/rollouts/claim", dependencies=[Management])
     async def claim(
