@@ -24,26 +24,26 @@ from typing import Any
 
 LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's total of all annotations' keys and values
+MAX_NAMESPACE_LENGTH = 63
 # Go's encoding/json (kubectl) writes <, > and & as \u003c, \u003e, \u0026: 6 bytes each, not 1.
 _GO_ESCAPED = ("<", ">", "&", "\u2028", "\u2029")
 
 
-def last_applied_bytes(manifest: Mapping[str, Any]) -> int:
+def last_applied_bytes(manifest: Mapping[str, Any], *, namespace: str | None = None) -> int:
     """The bytes `kubectl apply` (client-side) adds to the object's annotations for `manifest`.
 
-    kubectl stores the object as given, without its own annotation, as compact JSON (Go's encoding, which
-    escapes `<`, `>` and `&`); the annotation counts its key and its value."""
+    kubectl stores the object as given, without its own annotation and with the namespace it applies to
+    (`-n`, else the context's), as compact JSON (Go's encoding, which escapes `<`, `>` and `&`) and a newline;
+    the annotation counts its key and its value. `namespace`: where it is applied, when the manifest names
+    none; unknown, the longest a namespace name can be (63), so the count errs on the safe side."""
     metadata = dict(manifest.get("metadata") or {})
-    annotations = {
-        k: v for k, v in (metadata.get("annotations") or {}).items() if k != LAST_APPLIED_ANNOTATION
-    }
-    if annotations:
-        metadata["annotations"] = annotations
-    else:
-        metadata.pop("annotations", None)
+    metadata.setdefault("namespace", namespace or "n" * MAX_NAMESPACE_LENGTH)
+    # kubectl removes only its own key: an empty map stays (`"annotations":{}`)
+    annotations = metadata.get("annotations") or {}
+    metadata["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED_ANNOTATION}
     text = json.dumps({**manifest, "metadata": metadata}, separators=(",", ":"), ensure_ascii=False)
     escaped = sum(text.count(character) for character in _GO_ESCAPED) * 5
-    return len(LAST_APPLIED_ANNOTATION) + len(text.encode()) + escaped + 1  # kubectl appends a newline
+    return len(LAST_APPLIED_ANNOTATION) + len(text.encode()) + escaped + 1
 
 
 def own_annotation_bytes(manifest: Mapping[str, Any]) -> int:
@@ -52,9 +52,9 @@ def own_annotation_bytes(manifest: Mapping[str, Any]) -> int:
     return sum(len(str(key).encode()) + len(str(value).encode()) for key, value in annotations.items())
 
 
-def client_side_apply_problem(manifest: Mapping[str, Any]) -> str | None:
+def client_side_apply_problem(manifest: Mapping[str, Any], *, namespace: str | None = None) -> str | None:
     """Why `kubectl apply` (client-side) refuses `manifest`, a valid run; None when it does not."""
-    total = last_applied_bytes(manifest) + own_annotation_bytes(manifest)
+    total = last_applied_bytes(manifest, namespace=namespace) + own_annotation_bytes(manifest)
     if total <= MAX_ANNOTATION_BYTES:
         return None
     return (
