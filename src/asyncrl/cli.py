@@ -152,7 +152,32 @@ def build_parser() -> argparse.ArgumentParser:
     from asyncrl.cluster_cli import add_commands as add_cluster_commands
 
     add_cluster_commands(commands)  # `asyncrl runs summary|logs|port-forward`
+    lowercase_choices(parser)
     return parser
+
+
+def lowercase_choices(parser: argparse.ArgumentParser) -> None:
+    """One convention for every command's choice flags: lowercase words (`--sampling-params enforce`, as
+    `--pause-mode hold`, `--log-level info`), read in any case (`Enforce`, the manifest's spelling, too).
+
+    Manifests keep Kubernetes' CamelCase enum values (`samplingParams: Enforce`); a flag's value is the
+    same word in lowercase, and each command maps it back (`PauseMode.from_flag` and its siblings)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):
+                lowercase_choices(subparser)
+        elif action.choices is not None and all(isinstance(choice, str) for choice in action.choices):
+            action.choices = [str(choice).lower() for choice in action.choices]
+            action.type = _lowered(action.type)
+            if isinstance(action.default, str):
+                action.default = action.default.lower()
+
+
+def _lowered(convert: Any) -> Any:
+    def lowered(text: str) -> Any:
+        return (convert or str)(text.lower())
+
+    return lowered
 
 
 def main(argv: Sequence[str] | None = None) -> int:

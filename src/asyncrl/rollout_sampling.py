@@ -23,6 +23,14 @@ class SamplingParamsPolicy(StrEnum):
     REJECT = "Reject"
     ALLOW = "Allow"
 
+    @classmethod
+    def from_flag(cls, value: str) -> SamplingParamsPolicy:
+        """`enforce`, `reject`, `allow` (the CLI's spelling) or the manifest's `Enforce` (any case)."""
+        for policy in cls:
+            if value.lower() == policy.value.lower():
+                return policy
+        raise ValueError(f"sampling-params policy {value!r} is not one of enforce, reject, allow")
+
 
 @dataclass(frozen=True)
 class RolloutSampling:

@@ -46,3 +46,6 @@ class WindowSummary(BaseModel):
     )
     reward_mean: float | None = Field(default=None, description="Mean reward of the rows the update used.")
     step_seconds: float | None = Field(default=None, ge=0, description="Wall time of the whole step.")
+    total_steps: int | None = Field(
+        default=None, ge=1, description="Updates the run makes (spec.totalSteps); None: open-ended."
+    )

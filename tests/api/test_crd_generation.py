@@ -106,12 +106,14 @@ def test_printer_columns() -> None:
     ]
     assert columns == [
         ("PHASE", ".status.phase", 0),
-        ("STEP", ".status.step", 0),
+        ("STEPS", ".status.progress", 0),
+        ("REWARD", ".status.reward.last", 0),
+        ("BEST", ".status.reward.best", 1),
         ("ACTIVE", ".status.activeGroups", 0),
         ("CARRY-OVER", ".status.newCarryOverRollouts", 0),
         ("MAX-AGE", ".status.carryOverAgeMaxSteps", 0),
         ("DRAIN", ".status.proxyDrainSeconds", 0),
-        ("COMPLETED", ".status.rollouts.succeeded", 1),
+        ("SUCCEEDED", ".status.rollouts.succeeded", 1),
         ("FAILED", ".status.rollouts.failed", 1),
         ("JOBS", ".status.jobs.active", 1),
         ("AGE", ".metadata.creationTimestamp", 0),

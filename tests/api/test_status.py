@@ -54,6 +54,7 @@ def test_window_summary_fills_the_seed_metrics() -> None:
         "phase": "Running",
         "conditions": [],
         "step": 3,
+        "progress": "4",
         "prevCarryOverRollouts": 8,
         "completedRollouts": 8,
         "newCarryOverRollouts": 4,
@@ -79,6 +80,24 @@ def test_last_step_time_moves_only_when_the_step_advances() -> None:
     advanced = status.with_window_summary(_summary(step=4, drain=1.25), now=T1)
 
     assert (advanced.step, advanced.last_step_time, advanced.proxy_drain_seconds) == (4, T1, 1.25)
+
+
+def test_steps_are_shown_done_of_total_counted_from_one_and_the_reward_keeps_its_best() -> None:
+    first = _summary(step=0).model_copy(update={"reward_mean": 0.25, "total_steps": 2})
+    status = AsyncTrainingRunStatus().with_window_summary(first, now=T0)
+    assert status.progress == "1/2"
+    assert status.reward is not None
+    assert (status.reward.last, status.reward.best) == (0.25, 0.25)
+    last = _summary(step=1).model_copy(update={"reward_mean": 0.125, "total_steps": 2})
+    done = status.with_window_summary(last, now=T1)
+    assert done.progress == "2/2"  # a finished 2-step run shows 2 of 2, not its 0-based step 1
+    assert done.reward is not None
+    assert (done.reward.last, done.reward.best) == (0.125, 0.25)
+    open_ended = AsyncTrainingRunStatus().with_window_summary(_summary(step=4), now=T0)
+    assert open_ended.progress == "5"
+    assert open_ended.reward is None  # no reward reported: none shown
+    assert done.to_wire()["progress"] == "2/2"
+    assert done.to_wire()["reward"] == {"last": 0.125, "best": 0.25}
 
 
 def test_rollout_counts_from_states() -> None:
@@ -130,6 +149,8 @@ def test_status_wire_names() -> None:
         "observedGeneration",
         "conditions",
         "step",
+        "progress",
+        "reward",
         "prevCarryOverRollouts",
         "completedRollouts",
         "newCarryOverRollouts",

@@ -97,6 +97,8 @@ async def main() -> int:
                     proxy_drain_seconds=0.01,
                     carry_over_age_histogram={"1": 1},
                     active_groups=1,
+                    reward_mean=succeeded / len(finished),  # a stand-in's reward: the share that succeeded
+                    total_steps=steps,
                 )
             )
             with contextlib.suppress(GatewayError):

@@ -89,13 +89,19 @@ def test_a_run_trains_through_agent_jobs_and_reports_progress_in_its_status(
         [*kubectl, "get", "atr", "-n", namespace], capture_output=True, text=True, check=True
     )
     header, row = table.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "STEP", "ACTIVE", "CARRY-OVER", "MAX-AGE", "DRAIN", "AGE"]
-    assert row.split()[:7] == ["demo", "Succeeded", "1", "1", "2", "1", "0.01"]
+    assert header.split() == [
+        "NAME", "PHASE", "STEPS", "REWARD", "ACTIVE", "CARRY-OVER", "MAX-AGE", "DRAIN", "AGE"
+    ]  # fmt: skip
+    # A finished 2-step run shows 2 of 2 steps; the stand-in trainer reports the share that succeeded.
+    assert row.split()[:8] == ["demo", "Succeeded", "2/2", "1", "1", "2", "1", "0.01"]
+    assert status["progress"] == "2/2"
+    assert status["reward"] == {"last": 1.0, "best": 1.0}
     wide = subprocess.run(
         [*kubectl, "get", "atr", "-n", namespace, "-o", "wide"], capture_output=True, text=True, check=True
     )
-    assert wide.stdout.splitlines()[0].split()[-4:] == ["COMPLETED", "FAILED", "JOBS", "AGE"]
-    assert wide.stdout.splitlines()[1].split()[7:10] == ["8", "0", "0"]
+    wide_header, wide_row = wide.stdout.splitlines()[:2]
+    assert wide_header.split()[-5:] == ["BEST", "SUCCEEDED", "FAILED", "JOBS", "AGE"]
+    assert wide_row.split()[8:12] == ["1", "8", "0", "0"]
 
 
 def test_bad_manifests_are_rejected_by_the_api_server(

@@ -47,7 +47,9 @@ def _column(name: str, type_: str, json_path: str, description: str, *, wide: bo
 
 PRINTER_COLUMNS = (
     _column("Phase", "string", ".status.phase", "Where the run is in its life."),
-    _column("Step", "integer", ".status.step", "Last completed update."),
+    _column("Steps", "string", ".status.progress", "Updates done, of totalSteps (counted from 1)."),
+    _column("Reward", "number", ".status.reward.last", "Mean reward of the last update's rows."),
+    _column("Best", "number", ".status.reward.best", "Highest update reward so far.", wide=True),
     _column("Active", "integer", ".status.activeGroups", "Prompt groups in the window."),
     _column(
         "Carry-Over", "integer", ".status.newCarryOverRollouts", "Rollouts the last update carried over."
@@ -56,7 +58,7 @@ PRINTER_COLUMNS = (
         "Max-Age", "integer", ".status.carryOverAgeMaxSteps", "Oldest carried-over group's age in updates."
     ),
     _column("Drain", "number", ".status.proxyDrainSeconds", "Seconds the last pause took to drain."),
-    _column("Completed", "integer", ".status.rollouts.succeeded", "Rollouts that succeeded.", wide=True),
+    _column("Succeeded", "integer", ".status.rollouts.succeeded", "Rollouts that succeeded.", wide=True),
     _column("Failed", "integer", ".status.rollouts.failed", "Rollouts that failed.", wide=True),
     _column("Jobs", "integer", ".status.jobs.active", "Agent Jobs not finished.", wide=True),
     _column("Age", "date", ".metadata.creationTimestamp", "Time since the run was created."),

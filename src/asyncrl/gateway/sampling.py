@@ -199,7 +199,7 @@ def apply_rollout_sampling(
 def sampling_args(policy: SamplingParamsPolicy, rollout: RolloutSampling) -> list[str]:
     """The `asyncrl gateway` flags that carry a run's policy and settings (the operator and local mode)."""
     return [
-        f"--sampling-params={policy.value}",
+        f"--sampling-params={policy.value.lower()}",
         f"--rollout-temperature={rollout.temperature}",
         f"--rollout-top-p={rollout.top_p}",
         f"--rollout-top-k={rollout.top_k}",

@@ -213,10 +213,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--sampling-params",
-        choices=[policy.value for policy in SamplingParamsPolicy],
-        default=SamplingParamsPolicy.ENFORCE.value,
-        help="the agents' temperature/top_p/top_k on train-mode calls: Enforce the run's (default), Reject "
-        "calls that differ, or Allow them",
+        choices=[policy.value.lower() for policy in SamplingParamsPolicy],
+        default=SamplingParamsPolicy.ENFORCE.value.lower(),
+        help="the agents' temperature/top_p/top_k on train-mode calls: enforce the run's (default), reject "
+        "calls that differ, or allow them (any case: Enforce too)",
     )
     parser.add_argument("--rollout-temperature", type=float, default=1.0, help="the run's (default 1.0)")
     parser.add_argument("--rollout-top-p", type=float, default=1.0, help="the run's (default 1.0)")
@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
                 unproven_idle_timeout_seconds=args.unproven_idle_timeout_seconds,
                 max_connections=args.max_connections,
             ),
-            sampling_params=SamplingParamsPolicy(args.sampling_params),
+            sampling_params=SamplingParamsPolicy.from_flag(args.sampling_params),
             rollout_sampling=RolloutSampling(
                 temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k
             ),

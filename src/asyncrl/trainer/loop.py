@@ -373,6 +373,7 @@ class StepLoop:
                     active_groups=len(window.active_groups),
                     reward_mean=reward_mean,
                     step_seconds=metrics["timing/step_seconds"],
+                    total_steps=self.settings.total_steps,
                 )
             )
         except GatewayFailure as error:

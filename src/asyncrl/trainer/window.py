@@ -112,7 +112,12 @@ class StepSummary:
         )
 
     def window_summary(
-        self, *, active_groups: int, reward_mean: float | None, step_seconds: float | None
+        self,
+        *,
+        active_groups: int,
+        reward_mean: float | None,
+        step_seconds: float | None,
+        total_steps: int | None = None,
     ) -> WindowSummary:
         """What the gateway keeps for the operator and local mode: the same values, as typed fields."""
         return WindowSummary(
@@ -128,6 +133,7 @@ class StepSummary:
             proxy_aborted_calls=self.proxy_aborted_calls,
             reward_mean=reward_mean,
             step_seconds=step_seconds,
+            total_steps=total_steps,
         )
 
     def metrics(self) -> dict[str, float]:

@@ -7,6 +7,7 @@ next status, compare it with the stored one, and write only when something chang
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
@@ -104,6 +105,19 @@ class JobCounts(ApiModel):
     failed: int = Field(default=0, ge=0, description="Agent Jobs that failed.")
 
 
+class RewardSummary(ApiModel):
+    """The reward the updates trained on: is the policy learning?"""
+
+    last: float = Field(description="Mean reward of the rows the last update trained on.")
+    best: float = Field(description="The highest `last` of the run so far.")
+
+
+def progress_of(step: int, total_steps: int | None) -> str:
+    """Updates done, 1-based, of the total when there is one: step 2 (0-based) of 16 is `3/16`."""
+    done = step + 1
+    return f"{done}/{total_steps}" if total_steps is not None else str(done)
+
+
 class AsyncTrainingRunStatus(ApiModel):
     """Progress of the run; the operator is its only writer."""
 
@@ -120,6 +134,16 @@ class AsyncTrainingRunStatus(ApiModel):
     )
     step: int | None = Field(
         default=None, ge=0, description="Last completed update (0-based optimizer step)."
+    )
+    progress: str | None = Field(
+        default=None,
+        description=(
+            "Updates done of spec.totalSteps, counted from 1: `3/16`, and `16/16` once a 16-step run is "
+            "done; just the count (`3`) for an open-ended run. `kubectl get atr` shows it as STEPS."
+        ),
+    )
+    reward: RewardSummary | None = Field(
+        default=None, description="The last update's mean reward and the best so far (REWARD, BEST)."
     )
     prev_carry_over_rollouts: int | None = Field(
         default=None, ge=0, description="Rollouts in the window when the last step began."
@@ -181,6 +205,11 @@ class AsyncTrainingRunStatus(ApiModel):
             "proxy_aborted_calls": summary.proxy_aborted_calls,
         }
         update.update({name: value for name, value in reported.items() if value is not None})
+        update["progress"] = progress_of(summary.step, summary.total_steps)
+        if summary.reward_mean is not None and math.isfinite(summary.reward_mean):
+            last = summary.reward_mean
+            best = last if self.reward is None else max(self.reward.best, last)
+            update["reward"] = RewardSummary(last=last, best=best)
         update["carry_over_age_histogram"] = dict(summary.carry_over_age_histogram)
         update["active_groups"] = summary.active_groups
         return self.model_copy(update=update)
