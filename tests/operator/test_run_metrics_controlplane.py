@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import re
 import urllib.request
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
-from tests.support.kube import apply_ok, delete_run, run_manifest, start_operator_process
+from tests.support.kube import apply_ok, delete_run, find_run, run_manifest, start_operator_process
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -30,6 +32,7 @@ def _series(text: str, metric: str, **labels: str) -> float | None:
 
 def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_deleted_run(
     control_plane: ControlPlane,
+    api_client: Any,
     pod_runner: PodRunner,
     namespace: str,
     kubectl: list[str],
@@ -62,6 +65,14 @@ def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_de
         assert _series(text, "asyncrl_run_step", **run) == 1.0  # two steps: 0 and 1
         assert _series(text, "asyncrl_run_active_groups", **run) is not None
         assert _series(text, "asyncrl_run_carry_over_age_max_steps", **run) == 1.0
+        # What the chart's AsyncRLRunWithoutStep alert compares with time(): the status's times, Unix seconds.
+        status = (find_run(api_client, namespace, "gauged") or {})["status"]
+        for metric, field in (
+            ("asyncrl_run_start_timestamp_seconds", "startTime"),
+            ("asyncrl_run_last_step_timestamp_seconds", "lastStepTime"),
+        ):
+            stamp = datetime.fromisoformat(status[field].replace("Z", "+00:00")).timestamp()
+            assert _series(text, metric, **run) == stamp, (metric, status[field])
 
         deleted = delete_run(kubectl, namespace, "gauged")
         assert deleted.returncode == 0, deleted.stderr
@@ -71,5 +82,6 @@ def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_de
             what="the deleted run's series to go",
         )
         assert _series(scrape(), "asyncrl_run_phase", **run, phase="Succeeded") is None
+        assert _series(scrape(), "asyncrl_run_last_step_timestamp_seconds", **run) is None
     finally:
         operator.stop()
