@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncrl.gateway import door
-from asyncrl.gateway.budgets import AgentBudget, AgentBudgets, OverBudget
+from asyncrl.gateway.budgets import VALUE_COST_BYTES, AgentBudget, AgentBudgets, OverBudget, json_values
 from asyncrl.gateway.door import Refused, find_json_problem, nested_deeper_than, parse_json
 
 
@@ -79,7 +79,7 @@ def test_the_burst_must_hold_the_largest_body() -> None:
         )
 
 
-json_values = st.recursive(
+json_trees = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab', max_size=6),
     lambda children: (
         st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3)
@@ -88,7 +88,7 @@ json_values = st.recursive(
 )
 
 
-@given(value=json_values, max_depth=st.integers(min_value=1, max_value=8))
+@given(value=json_trees, max_depth=st.integers(min_value=1, max_value=8))
 def test_the_depth_measured_on_bytes_is_the_depth_of_the_parsed_value(value: Any, max_depth: int) -> None:
     """Strings full of brackets, quotes and backslashes do not fool it, in either direction."""
     raw = json.dumps(value).encode()
@@ -124,3 +124,13 @@ def test_a_wide_body_nested_too_deep_is_refused_without_being_parsed(monkeypatch
     assert (counting.calls, standard_parses, parsed) == (0, [], [])
     assert parse_json(b'{"d": [[1]]}', max_depth=64, count_parsed=parsed.append) == {"d": [[1]]}
     assert (counting.calls, parsed) == (1, [12])
+
+
+def test_a_body_is_charged_for_its_json_values_and_one_that_could_never_be_paid_is_a_burst_refusal() -> None:
+    assert json_values(b'{"a": [1, 2, {}]}') == 6  # an estimate from commas and brackets, about the values
+    budgets = AgentBudgets(AgentBudget(burst_bytes=16 * 1024 * 1024))
+    tiny_values = json_values(b"[" + b",".join([b"{}"] * 1_900_000) + b"]")
+    with pytest.raises(OverBudget) as over:
+        budgets.charge("r1", VALUE_COST_BYTES * tiny_values)
+    assert over.value.budget == "burst"
+    budgets.charge("r1", 16 * 1024 * 1024)  # nothing was taken by the refusal

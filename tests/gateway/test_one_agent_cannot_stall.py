@@ -101,11 +101,27 @@ def test_an_event_body_larger_than_its_rollout_may_store_is_refused_before_it_ha
     assert _parsed_bytes(gateway) > parsed_before
 
 
+def test_a_model_call_of_millions_of_tiny_values_is_refused_for_its_cost_without_being_parsed(
+    gateway: RunningGateway,
+) -> None:
+    """5.7 MB is within --max-body-bytes, but 3.8 million values cost the agent more than its whole budget:
+    413 before any parse. (The previous gateway parsed it, encoded it again and forwarded it.)"""
+    _running(gateway, "values-r1")
+    parsed_before = _parsed_bytes(gateway)
+    body = b'{"messages":[' + b",".join([b"{}"] * 1_900_000) + b"]}"
+    with gateway.agent("values-r1") as agent:
+        refused = agent.post(gateway.proxy_path("values-r1"), content=body)
+        assert refused.status_code == 413, refused.text
+        assert refused.json()["setting"] == "--agent-burst-bytes"
+        assert _parsed_bytes(gateway) == parsed_before
+        assert agent.post(gateway.proxy_path("values-r1"), json=CHAT).status_code == 200
+
+
 def test_a_wide_body_nested_too_deep_is_refused_without_being_parsed(gateway: RunningGateway) -> None:
     _running(gateway, "deep-r1")
     parsed_before = _parsed_bytes(gateway)
     deep = b"[" * 70 + b"]" * 70
-    body = b'{"event_type":"note","data":{"d":[' + b",".join([b"{}"] * 200_000) + b"," + deep + b"]}}"
+    body = b'{"event_type":"note","data":{"d":[' + b",".join([b"{}"] * 100_000) + b"," + deep + b"]}}"
     with gateway.agent("deep-r1") as agent:
         refused = agent.post("/api/rollouts/deep-r1/attempt/a1/events", content=body)
     assert refused.status_code == 422, refused.text

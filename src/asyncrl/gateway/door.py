@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from asyncrl.gateway.auth import Access, bearer, check_access, pool_token
-from asyncrl.gateway.budgets import AgentBudgets, OverBudget
+from asyncrl.gateway.budgets import VALUE_COST_BYTES, AgentBudgets, OverBudget, json_values
 from asyncrl.gateway.pause import header_seconds
 
 Message = MutableMapping[str, Any]
@@ -234,13 +234,27 @@ _BUDGET_SETTINGS = {"requests": "--agent-max-requests", "bytes": "--agent-bytes-
 
 
 def over_budget(error: OverBudget) -> Refused:
+    if error.budget == "burst":
+        return Refused(
+            413,
+            f"request body costs more than an agent's whole budget: its bytes plus {VALUE_COST_BYTES} bytes "
+            "per JSON value exceed --agent-burst-bytes; send fewer values",
+            rejection_reason="agent_burst_exceeded",
+            headers=_CLOSE,
+            setting="--agent-burst-bytes",
+        )
     seconds = error.retry_after_seconds
     what = "requests in flight" if error.budget == "requests" else "body bytes per second"
     return Refused(
         429,
         f"this agent token is over its budget of {what}; retry after the Retry-After",
         rejection_reason=f"agent_{error.budget}_budget",
-        headers={"retry-after": header_seconds(seconds), "retry-after-ms": str(round(seconds * 1000))},
+        # Closed with the answer: a body the refusal did not read is not received (and paid for) after all.
+        headers={
+            "retry-after": header_seconds(seconds),
+            "retry-after-ms": str(round(seconds * 1000)),
+            **_CLOSE,
+        },
         setting=_BUDGET_SETTINGS[error.budget],
     )
 
@@ -265,8 +279,9 @@ async def read_charged_body(
     declared_length: str | None,
     timeout_seconds: float,
 ) -> bytes:
-    """`read_body`, with an agent's body charged to its byte budget: before it is read when its length is
-    declared, else once it has arrived (before it is parsed). `rollout_id` None: not an agent's."""
+    """`read_body`, with an agent's body charged to its budget: its bytes before it is read when its length
+    is declared (else once it has arrived), and its JSON values once it has arrived, before it is parsed.
+    `rollout_id` None: not an agent's."""
     declared = declared_size(declared_length)
     if declared is not None and declared > limit.limit_bytes:
         raise too_large(limit)
@@ -276,8 +291,9 @@ async def read_charged_body(
         body = await read_body(
             receive, limit=limit, declared_length=declared_length, timeout_seconds=timeout_seconds
         )
-        if rollout_id is not None and declared is None:
-            budgets.charge(rollout_id, len(body))
+        if rollout_id is not None:
+            values_cost = VALUE_COST_BYTES * json_values(body) if body else 0
+            budgets.charge(rollout_id, values_cost + (len(body) if declared is None else 0))
     except OverBudget as error:
         raise over_budget(error) from None
     return body
