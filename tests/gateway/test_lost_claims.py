@@ -77,6 +77,22 @@ def test_a_claim_whose_answer_is_lost_is_answered_again_by_the_client(gateway: R
     assert offered_again == []  # held by the claim that read it: not handed to anyone else
 
 
+def test_a_claim_whose_answer_never_comes_is_asked_for_again_after_the_timeout(
+    gateway: RunningGateway,
+) -> None:
+    """The other way an answer is lost: it never arrives, and the client times out (a gateway under load)."""
+    with dropping_answers(gateway.url, request_prefix=CLAIM, marker=A_ROLLOUT, swallow=True) as proxy:
+
+        async def scenario() -> list[str]:
+            async with GatewayClient(proxy.url, gateway.key, timeout_seconds=2) as client:
+                await client.create_rollouts([RolloutCreate(rollout_id="r1", group_id="g", step=0)])
+                return [r.rollout_id for r in await client.claim(wait_seconds=0, lease_seconds=600)]
+
+        claimed = asyncio.run(scenario())
+    assert len(proxy.dropped) == 1  # the first answer (r1) never reached the client
+    assert claimed == ["r1"]
+
+
 def test_a_claim_still_waiting_under_a_key_that_was_answered_meanwhile_takes_nothing_more() -> None:
     """A request whose client left unnoticed (its key was answered to the client's retry) must not lease new
     rollouts to nobody once the answered ones are launched. The store in-process, on one event loop."""

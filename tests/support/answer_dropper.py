@@ -22,12 +22,14 @@ METHODS = (b"GET ", b"POST ", b"PUT ", b"DELETE ", b"HEAD ", b"PATCH ")
 @dataclass
 class AnswerDropper:
     """Drops the first `drops` answers to requests starting with `request_prefix` (`b"POST /path"`) whose
-    bytes contain `marker`; `dropped` holds those answers, `passed` the watched answers that went through."""
+    bytes contain `marker`; `dropped` holds those answers, `passed` the watched answers that went through.
+    A dropped answer resets the client's connection, or with `swallow` is never sent: the client times out."""
 
     upstream_port: int
     request_prefix: bytes
     marker: bytes
     drops: int = 1
+    swallow: bool = False
     port: int = 0
     dropped: list[bytes] = field(default_factory=list)
     passed: list[bytes] = field(default_factory=list)
@@ -78,6 +80,8 @@ class AnswerDropper:
                 if await watched.get():
                     if len(self.dropped) < self.drops and self.marker in answer:
                         self.dropped.append(answer)
+                        if self.swallow:  # until the client gives up and closes its connection
+                            await asyncio.get_running_loop().create_future()
                         client_writer.transport.abort()  # the client sees a reset, not the answer
                         return
                     self.passed.append(answer)
@@ -106,11 +110,11 @@ def _content_length(head: bytes) -> int:
 
 @contextmanager
 def dropping_answers(
-    upstream_url: str, *, request_prefix: bytes, marker: bytes, drops: int = 1
+    upstream_url: str, *, request_prefix: bytes, marker: bytes, drops: int = 1, swallow: bool = False
 ) -> Iterator[AnswerDropper]:
     """An `AnswerDropper` in front of `upstream_url` (http://127.0.0.1:PORT), serving until the block ends."""
     port = int(upstream_url.rstrip("/").rsplit(":", 1)[1])
-    proxy = AnswerDropper(port, request_prefix=request_prefix, marker=marker, drops=drops)
+    proxy = AnswerDropper(port, request_prefix=request_prefix, marker=marker, drops=drops, swallow=swallow)
     loop = asyncio.new_event_loop()
     started, stop = threading.Event(), asyncio.Event()
     thread = threading.Thread(
