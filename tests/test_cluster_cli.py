@@ -341,3 +341,67 @@ def test_each_local_connection_is_pumped_both_ways_to_the_pod(tmp_path: Path) ->
             acceptor.join(timeout=30)
     finally:
         server.stop()
+
+
+@_cluster
+def test_a_user_without_rights_gets_the_api_servers_refusal_in_the_contexts_namespace(
+    control_plane: ControlPlane, api_client: Any, kubectl: list[str], namespace: str, tmp_path: Path
+) -> None:
+    """A ServiceAccount with no Role: the commands pass on the API server's RBAC message (verb, resource,
+    namespace), and without -n they work in the kubeconfig context's namespace."""
+    from kubernetes import client
+
+    from tests.operator.test_rbac import service_account_kubeconfig
+
+    _created_run(api_client, kubectl, namespace, "private")
+    core: Any = client.CoreV1Api(api_client)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "stranger"}})
+    kubeconfig = service_account_kubeconfig(
+        api_client, control_plane, namespace=namespace, name="stranger", path=tmp_path / "kubeconfig"
+    )
+    for command, refusal in (
+        ("summary", 'cannot get resource "asynctrainingruns" in API group "asyncrl.dev"'),
+        ("logs", 'cannot list resource "pods" in API group ""'),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "asyncrl.cli", "runs", command, "private", f"--kubeconfig={kubeconfig}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 1, done.stdout
+        assert refusal in done.stderr, done.stderr
+        assert f'in the namespace "{namespace}"' in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_an_api_server_out_of_reach_is_one_line(tmp_path: Path) -> None:
+    """Nothing listens at the kubeconfig's server (a free loopback port)."""
+    import yaml
+
+    from asyncrl.testing.controlplane import free_port
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "gone", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "gone", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "runs", "summary", "demo", f"--kubeconfig={kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "asyncrl runs summary: cannot reach the Kubernetes API server: " in done.stderr
+    assert "Traceback" not in done.stderr

@@ -82,8 +82,8 @@ def connect(args: argparse.Namespace) -> Cluster:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
             raise ClusterCommandError(
-                f"no cluster to talk to: {error}. Give --kubeconfig, set KUBECONFIG, or run `kubectl config "
-                "use-context` first"
+                f"no cluster to talk to: {str(error).rstrip('.')}. Give --kubeconfig, set KUBECONFIG, or run "
+                "`kubectl config use-context` first"
             ) from None
     return Cluster(api_client=client.ApiClient(configuration), namespace=namespace or "default")
 
@@ -406,12 +406,22 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _guarded(handler: Any) -> Any:
+    """The command, its failures as one line on stderr and exit code 1: ours, the API server's refusals
+    (e.g. RBAC: its message names the verb and resource), an API server out of reach."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
     def run(args: argparse.Namespace) -> int:
         try:
             return int(handler(args))
         except ClusterCommandError as error:
-            print(f"asyncrl runs {args.runs_command}: {error}", file=sys.stderr)
-            return 1
+            problem = str(error)
+        except ApiException as error:
+            problem = f"the API server refused ({error.status}): {_api_reason(error)}"
+        except HTTPError as error:
+            problem = f"cannot reach the Kubernetes API server: {error}"
+        print(f"asyncrl runs {args.runs_command}: {problem}", file=sys.stderr)
+        return 1
 
     return run
 
