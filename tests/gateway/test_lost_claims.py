@@ -84,8 +84,11 @@ def test_a_claim_whose_answer_never_comes_is_asked_for_again_after_the_timeout(
     with dropping_answers(gateway.url, request_prefix=CLAIM, marker=A_ROLLOUT, swallow=True) as proxy:
 
         async def scenario() -> list[str]:
-            async with GatewayClient(proxy.url, gateway.key, timeout_seconds=2) as client:
-                await client.create_rollouts([RolloutCreate(rollout_id="r1", group_id="g", step=0)])
+            async with (
+                GatewayClient(proxy.url, gateway.key, timeout_seconds=5) as client,
+                GatewayClient(gateway.url, gateway.key) as direct,
+            ):
+                await direct.create_rollouts([RolloutCreate(rollout_id="r1", group_id="g", step=0)])
                 return [r.rollout_id for r in await client.claim(wait_seconds=0, lease_seconds=600)]
 
         claimed = asyncio.run(scenario())
