@@ -34,12 +34,14 @@ from asyncrl.api import AsyncTrainingRunStatus, Phase, load_run
 from asyncrl.api.types.status import RolloutCounts
 from asyncrl.operator import children, names
 from asyncrl.operator.metrics import OperatorMetrics
+from asyncrl.operator.ray_cluster import ray_cluster
 from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.loop import StepLoop
 from asyncrl.trainer.metrics import MetricsSinks, PrometheusSink
 from asyncrl.trainer.pause_reporting import PauseReportingClient
 from tests.charts.test_chart import CHART, KUBE_VERSION, _helm, _values, documents, one, render
+from tests.operator.test_ray_cluster import _run as multi_node_run
 from tests.support.kube import kubectl_for, run_manifest
 from tests.trainer.test_restarts import (
     KEY,
@@ -141,15 +143,24 @@ def test_the_run_monitor_selects_the_gateway_service_the_operator_builds_and_its
     service_ports = {port["name"]: port["targetPort"] for port in service["spec"]["ports"]}
     endpoints = {endpoint["port"]: endpoint for endpoint in monitor["spec"]["endpoints"]}
     assert set(endpoints) == {"gateway", "metrics"} == set(service_ports)
-    # Each Service port reaches a container port of that name in the pod the Service selects.
-    pod = children.trainer_job(run, spec)["spec"]["template"]
-    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    containers = {c["name"]: c for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]}
-    named = {port["name"]: name for name, c in containers.items() for port in c.get("ports", [])}
-    assert {port: named[target] for port, target in service_ports.items()} == {
-        "gateway": "gateway",
-        "metrics": children.TRAINER_CONTAINER,
-    }
+    # Each Service port reaches a container port of that name in the pod the Service selects: the trainer
+    # Job's pod, and a multi-node run's Ray head pod (its Service is built the same way).
+    multi_node, multi_node_spec = multi_node_run()
+    head = ray_cluster(multi_node, multi_node_spec)[0]["spec"]["headGroupSpec"]["template"]
+    multi_node_service = children.gateway_service(multi_node, multi_node_spec)
+    for pod, pod_service in (
+        (children.trainer_job(run, spec)["spec"]["template"], service),
+        (head, multi_node_service),
+    ):
+        assert pod_service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_service["metadata"]["labels"].items()
+        containers = {c["name"]: c for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]}
+        named = {port["name"]: name for name, c in containers.items() for port in c.get("ports", [])}
+        targets = {port["name"]: port["targetPort"] for port in pod_service["spec"]["ports"]}
+        assert {port: named[target] for port, target in targets.items()} == {
+            "gateway": "gateway",
+            "metrics": children.TRAINER_CONTAINER,
+        }
     # The run's name becomes the label `name` (as on the operator's asyncrl_run_* gauges).
     sanitized = "__meta_kubernetes_service_label_" + names.LABEL_RUN.replace(".", "_").replace("/", "_")
     for endpoint in endpoints.values():
