@@ -57,10 +57,22 @@ BROKEN = {
         "spec.manualSelector: a Job that picks its own pods is not allowed",
     ),
     # a label key the API server refuses (not DNS-valid): every agent Job would get 422, so the run went on
-    # failing each rollout and consuming steps; the API server's own reason is named at the start
+    # failing each rollout and consuming steps; the start check names it (operator/job_schema.py, issue 26)
     "label": (
         AGENT_TEMPLATE.replace("kind: Job\n", "kind: Job\nmetadata:\n  labels: {'team name!': x}\n", 1),
-        'the API server rejects the agent Job the template gives: Invalid (422): Job.batch "label-r-',
+        "agent template: metadata.labels.team name!: label key 'team name!': the name 'team name!' must be",
+    ),
+    # a field the Job schema lacks: the API server would drop it and run agents without their command
+    "comand": (
+        AGENT_TEMPLATE.replace("        command:\n", "        comand:\n", 1),
+        "agent template: spec.template.spec.containers[0].comand: unknown field; did you mean command?",
+    ),
+    # what only the API server knows (a port out of range): the dry-run create names its reason at the start
+    "port": (
+        AGENT_TEMPLATE.replace(
+            "        env:\n", "        ports: [{containerPort: 99999}]\n        env:\n", 1
+        ),
+        'the API server rejects the agent Job the template gives: Invalid (422): Job.batch "port-r-',
     ),
 }
 # Fast for the first row (so the start check passes), a 10**10-step loop for the second: every rollout of
@@ -95,8 +107,8 @@ def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_jo
             api_client, namespace, name, "Failed", timeout=120, what=f"run {name} to fail"
         )
         assert reason in status["message"], (name, status["message"])
-        if name == "label":
-            assert 'metadata.labels: Invalid value: "team name!"' in status["message"]
+        if name == "port":
+            assert "containerPort: Invalid value: 99999" in status["message"]
         valid = status_condition(status, "AgentTemplateValid") or {}
         assert (valid.get("status"), valid.get("reason")) == ("False", "TemplateError"), name
         assert reason in valid["message"], name

@@ -15,7 +15,7 @@ import yaml
 
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
 from asyncrl.api.types.spec import TrainerBackend
-from asyncrl.api.types.verl_overrides import flatten_overrides
+from asyncrl.api.types.verl_overrides import LEARNING_RATE_KEY, flatten_overrides
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.gateway.models import TrainerOutcome, TrainerReport
@@ -36,8 +36,6 @@ from asyncrl.trainer.pause_reporting import PauseReportingClient
 from asyncrl.trainer.preflight_cluster import DEFAULT_WAIT_SECONDS
 
 logger = logging.getLogger(__name__)
-
-LEARNING_RATE_KEY = "actor_rollout_ref.actor.optim.lr"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
