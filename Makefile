@@ -25,11 +25,12 @@ quickstart: setup
 crd: setup
 	$(BIN)/asyncrl crd --write
 
-# The control plane, and the KubeRay operator the multi-node tests run against it (both built with Go, cached),
-# and the prometheus-operator CRDs the chart's monitors and rules are applied against.
+# The control plane, the KubeRay operator the multi-node tests run against it and Kueue the queueing tests run
+# (all built with Go, cached), and the prometheus-operator CRDs the chart's monitors and rules are applied against.
 control-plane:
 	scripts/provision-k8s.sh
 	scripts/provision-kuberay.sh
+	scripts/provision-kueue.sh
 	scripts/provision-prometheus-crds.sh
 
 lint: setup

@@ -44,6 +44,7 @@ def _free_port() -> int:
 
 def _args(tmp_path: Path, *, metrics_port: int = 0) -> argparse.Namespace:
     return argparse.Namespace(
+        checkpoint_dir=None,
         metrics_file=tmp_path / "metrics.jsonl",
         metrics_port=metrics_port,
         wandb_dir=tmp_path / "wandb-runs",
