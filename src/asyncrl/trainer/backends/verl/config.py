@@ -179,10 +179,11 @@ def check_registered_names(config: Any) -> None:
     from omegaconf import OmegaConf
     from verl.trainer.ppo import core_algos
 
+    absent = object()  # a verl without the key: nothing to check (a null value is checked: verl fails on it)
     for key, (registry_name, what) in REGISTERED_NAME_KEYS.items():
-        value = OmegaConf.select(config, key, default=None)
+        value = OmegaConf.select(config, key, default=absent)
         registry = getattr(core_algos, registry_name)
-        if value is None or str(value) in registry:
+        if value is absent or str(value) in registry:
             continue
         known = sorted(registry)
         folded = {name.lower(): name for name in known}
