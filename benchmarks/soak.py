@@ -222,11 +222,12 @@ def succeeded_agents(lines: str) -> set[str]:
 
 
 def outcomes_lost(rollouts: Iterable[RolloutSeen], succeeded: set[str]) -> list[str]:
-    """Rollouts whose agent exited 0 but that the gateway recorded as failed or timed out."""
+    """Rollouts whose agent exited 0 but that the gateway recorded as failed or timed out, or still shows
+    queued (its `running` report was lost, so the `succeeded` one was refused)."""
     return sorted(
         rollout.rollout_id
         for rollout in rollouts
-        if rollout.rollout_id in succeeded and rollout.state in ("failed", "timed_out")
+        if rollout.rollout_id in succeeded and rollout.state in ("failed", "timed_out", "queued")
     )
 
 
@@ -348,7 +349,7 @@ def verdict_lines(result: Figures, *, timeout: float) -> tuple[list[str], bool]:
             f"{len(result.lost)} lost, {len(result.late)} late",
         ),
         (
-            "no agent's outcome lost (exited 0, recorded failed or timed out)",
+            "no agent's outcome lost (exited 0, recorded failed, timed out or still queued)",
             not result.outcomes_lost,
             f"{len(result.outcomes_lost)}",
         ),
@@ -386,8 +387,8 @@ def report(
         f"rollouts seen at the gateway: {result.rollouts_seen}; agents started: {result.executions}; "
         f"lost: {len(result.lost)} {result.lost[:5]}; started later than the {timeout:.0f}s timeout: "
         f"{len(result.late)} {result.late[:5]}; executed twice: {len(result.executed_twice)} "
-        f"{result.executed_twice[:5]}; agents that exited 0 but whose rollout was recorded failed or timed "
-        f"out: {len(result.outcomes_lost)} {result.outcomes_lost[:5]}",
+        f"{result.executed_twice[:5]}; agents that exited 0 but whose rollout was recorded failed, timed "
+        f"out or still queued: {len(result.outcomes_lost)} {result.outcomes_lost[:5]}",
         f"groups trained: {result.groups_trained}; trained twice: {len(result.trained_twice)} "
         f"{result.trained_twice[:5]}",
         f"gateway paused: {result.pauses} pauses, {result.paused_seconds:.1f}s in all; beyond their update "

@@ -67,7 +67,7 @@ def test_rollouts_never_run_or_run_late_are_lost(soak: ModuleType) -> None:
     lost, late = soak.lost_rollouts(rollouts, ["ran", "late"], timeout=60.0, end=100.0)
     assert lost == ["never-ran", "stuck"]
     assert late == ["late"]
-    assert soak.outcomes_lost(rollouts, {"ran", "never-ran", "late"}) == ["never-ran"]
+    assert soak.outcomes_lost(rollouts, {"ran", "never-ran", "late", "stuck"}) == ["never-ran", "stuck"]
 
 
 def test_doubles_are_counted_from_the_logs(soak: ModuleType) -> None:
