@@ -405,3 +405,22 @@ def test_an_api_server_out_of_reach_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "asyncrl runs summary: cannot reach the Kubernetes API server: " in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@_cluster
+def test_plot_of_a_run_whose_trainer_does_not_answer_says_where_its_metrics_are_kept(
+    control_plane: ControlPlane, api_client: Any, kubectl: list[str], namespace: str, tmp_path: Path
+) -> None:
+    """No trainer pod answers here (no Service endpoints): the API server's proxy refuses, and the user is
+    told where the per-step file is kept. The fetch itself needs a pod network (test_metrics_server.py asks
+    the trainer's port directly)."""
+    _created_run(api_client, kubectl, namespace, "curves")
+    output = tmp_path / "curves.png"
+    done = asyncrl_runs(control_plane, "plot", "curves", "-n", namespace, "-o", str(output))
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.startswith("asyncrl runs plot: the trainer's per-step metrics did not come through")
+    assert "metrics/metrics.jsonl" in done.stderr
+    assert not output.exists()
+    missing = asyncrl_runs(control_plane, "plot", "nope", "-n", namespace)
+    assert missing.returncode == 1
+    assert f"no AsyncTrainingRun 'nope' in namespace '{namespace}'" in missing.stderr

@@ -22,11 +22,14 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from asyncrl.api.types.meta import GROUP, KIND, PLURAL, VERSION
 from asyncrl.operator import names
+from asyncrl.plot import PlotError, draw, read_curves
 from asyncrl.run_summary import EventLine, TrainerMetrics, parse_gauges, summary_lines
+from asyncrl.trainer.metrics_server import HISTORY_PATH
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +178,26 @@ def trainer_metrics(cluster: Cluster, name: str) -> TrainerMetrics:
         return TrainerMetrics(gauges={}, source=source, unavailable=f"not Prometheus text: {error}")
 
 
+def trainer_history(cluster: Cluster, name: str) -> str:
+    """The trainer's per-step JSON lines, as its metrics port serves them (`/history.jsonl`), through the API
+    server's proxy to the run's gateway Service."""
+    from kubernetes.client.exceptions import ApiException
+
+    service = names.gateway_service_name(name)
+    try:
+        text = cluster.core.connect_get_namespaced_service_proxy_with_path(
+            f"{service}:metrics", cluster.namespace, HISTORY_PATH.lstrip("/")
+        )
+    except ApiException as error:
+        raise ClusterCommandError(
+            f"the trainer's per-step metrics did not come through the API server (service {service}, "
+            f"port metrics: {error.status}: {_api_reason(error)}). A run whose trainer pod is gone keeps "
+            "them on its checkpoint volume, at metrics/metrics.jsonl: copy that file and run `asyncrl plot` "
+            "on it"
+        ) from error
+    return str(text)
+
+
 # -- the trainer pod ----------------------------------------------------------------------------------------
 
 
@@ -233,6 +256,23 @@ def run_summary(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2, sort_keys=True))
         return 0
     print("\n".join(summary_lines(run, events=events, trainer=trainer, now=datetime.now(UTC))))
+    return 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    cluster = connect(args)
+    read_run(cluster, args.name)  # a missing run is the better message
+    text = trainer_history(cluster, args.name)
+    output: Path = args.output or Path(f"{args.name}-metrics.png")
+    kept = output.with_suffix(".jsonl")
+    try:
+        curves = read_curves(text.splitlines(), source=f"run {cluster.namespace}/{args.name}'s trainer")
+        kept.write_text(text, encoding="utf-8")
+        title = f"{cluster.namespace}/{args.name}: steps {curves.steps[0]} to {curves.steps[-1]}"
+        draw(curves, output, title=title)
+    except PlotError as error:
+        raise ClusterCommandError(str(error)) from error
+    print(f"wrote {output} ({len(curves.steps)} steps) and the metrics it was drawn from, {kept}")
     return 0
 
 
@@ -427,9 +467,9 @@ def _guarded(handler: Any) -> Any:
 
 
 def add_commands(commands: Any) -> None:
-    """`asyncrl runs summary|logs|port-forward NAME`."""
+    """`asyncrl runs summary|plot|logs|port-forward NAME`."""
     runs = commands.add_parser(
-        "runs", help="a run on the cluster: summary, logs, port-forward to its gateway"
+        "runs", help="a run on the cluster: summary, plot, logs, port-forward to its gateway"
     )
     subcommands = runs.add_subparsers(dest="runs_command", metavar="COMMAND", required=True)
 
@@ -444,6 +484,15 @@ def add_commands(commands: Any) -> None:
         help="skip reading the trainer's /metrics through the API",
     )
     summary.set_defaults(handler=_guarded(run_summary))
+
+    plot = subcommands.add_parser(
+        "plot", help="the run's curves (reward, carry-over, step time) from its trainer, as `asyncrl plot`"
+    )
+    _cluster_arguments(plot)
+    plot.add_argument(
+        "-o", "--output", type=Path, default=None, help="the PNG to write (default: NAME-metrics.png)"
+    )
+    plot.set_defaults(handler=_guarded(run_plot))
 
     logs = subcommands.add_parser("logs", help="the trainer's or the gateway's log")
     _cluster_arguments(logs)

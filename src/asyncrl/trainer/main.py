@@ -205,11 +205,12 @@ def build_sinks(run: AsyncTrainingRun, args: argparse.Namespace) -> MetricsSinks
     if where.metrics_file is not None:
         sinks.append(JsonLinesSink(where.metrics_file))
     if args.metrics_port:
-        from prometheus_client import start_http_server
+        from asyncrl.trainer.metrics_server import serve_metrics
 
         prometheus = PrometheusSink()
         try:
-            start_http_server(args.metrics_port, registry=prometheus.registry)
+            # /metrics, and /history.jsonl (the per-step file) for `asyncrl runs plot`
+            serve_metrics(args.metrics_port, prometheus.registry, where.metrics_file)
             sinks.append(prometheus)
         except OSError as error:  # a taken port costs the scrape endpoint, not the run
             logger.warning("Prometheus metrics are off: port %d: %s", args.metrics_port, error)
