@@ -499,3 +499,48 @@ def test_validate_knows_where_client_side_kubectl_apply_stops(
         assert client_side_apply_problem(minimal_manifest) is not None  # the longest namespace, the safe side
         assert applied.returncode != 0
         assert "metadata.annotations: Too long" in applied.stderr, applied.stderr
+
+
+@pytest.mark.parametrize(
+    ("resources", "server_says", "local_says"),
+    [
+        (
+            {"requests": {"cpu": "-1"}},
+            "a resource quantity is negative",
+            "spec.trainer.resources.requests.cpu: '-1' is negative",
+        ),
+        (
+            {"limits": {"cpu": -2}},
+            "a resource quantity is negative",
+            "spec.trainer.resources.limits.cpu: '-2' is negative",
+        ),
+        (
+            {"requests": {"memory": "1Gi"}, "limits": {"memory": "512Mi"}},
+            "spec.trainer.resources.limits: Invalid value: a limit is below the request",
+            "spec.trainer.resources.limits.memory: the limit '512Mi' is below the request '1Gi'",
+        ),
+        (
+            {"requests": {"memory": "1Gi", "cpu": 1}, "limits": {"memory": "1024Mi", "cpu": "1000m"}},
+            None,
+            None,
+        ),
+    ],
+)
+def test_quantities_the_api_server_would_refuse_in_the_pod_are_refused_at_admission(
+    api_client: Any,
+    namespace: str,
+    minimal_manifest: dict[str, Any],
+    resources: dict[str, Any],
+    server_says: str | None,
+    local_says: str | None,
+) -> None:
+    """Before the CEL rules these were admitted, and the trainer Job got a 422 when the operator made it."""
+    minimal_manifest["spec"]["trainer"]["resources"] = resources
+    server, local = _server_verdict(api_client, namespace, minimal_manifest), _local_verdict(minimal_manifest)
+    if server_says is None:
+        assert (server, local) == (None, None)
+    else:
+        assert server is not None
+        assert server_says in server, server
+        assert local is not None
+        assert local_says in local, local

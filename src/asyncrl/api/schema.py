@@ -81,7 +81,7 @@ def _convert(node: Mapping[str, Any], definitions: Mapping[str, Any], *, at: str
             converted[bound] = value
             converted[key] = True
         elif key in _PLAIN_KEYWORDS or key.startswith("x-kubernetes-"):
-            converted[key] = value
+            converted[key] = copy.deepcopy(value)  # a type used twice must not share lists (YAML anchors)
         else:
             raise SchemaError(f"{at}: JSON Schema keyword {key!r} has no structural OpenAPI v3 form")
     if converted.get("default", ...) is None:

@@ -249,3 +249,35 @@ def check_run_name(name: str) -> None:
     """The pydantic side of RUN_NAME_RULE."""
     if len(name) > MAX_RUN_NAME_LENGTH or not re.match(RUN_NAME_PATTERN, name):
         raise ValueError(f"{RUN_NAME_RULE.message} (given: {name!r})")
+
+
+# A container's quantities the API server refuses only when the operator creates the pod (a 422 at run time):
+# a negative one, and a limit below the request of the same resource. CEL's Kubernetes quantity library
+# (isQuantity, quantity, isLessThan, compareTo) checks them at admission; the maps are bounded (MAX_RESOURCES)
+# so that the rule's estimated cost stays within the API server's budget.
+MAX_RESOURCES = 32
+_QUANTITY_OF = "quantity(string({map}[k]))"
+_IS_QUANTITY = "isQuantity(string({map}[k]))"
+
+
+def _non_negative(map_name: str) -> str:
+    where = f"self.{map_name}"
+    return (
+        f"(!has({where}) || {where}.all(k, !{_IS_QUANTITY.format(map=where)} || "
+        f"!{_QUANTITY_OF.format(map=where)}.isLessThan(quantity('0'))))"
+    )
+
+
+RESOURCE_QUANTITY_RULE = CelRule(
+    rule=f"{_non_negative('limits')} && {_non_negative('requests')}",
+    message="a resource quantity is negative; write 0 or more (e.g. cpu: 500m, memory: 512Mi)",
+)
+RESOURCE_LIMIT_RULE = CelRule(
+    rule=(
+        "!has(self.limits) || !has(self.requests) || self.requests.all(k, !(k in self.limits) || "
+        "!isQuantity(string(self.limits[k])) || !isQuantity(string(self.requests[k])) || "
+        "quantity(string(self.limits[k])).compareTo(quantity(string(self.requests[k]))) >= 0)"
+    ),
+    message="a limit is below the request of the same resource; raise the limit or lower the request",
+    field_path=".limits",
+)

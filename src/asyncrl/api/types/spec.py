@@ -29,11 +29,14 @@ from asyncrl.api.types.meta import ApiModel, FieldRuleError, cel_rules, section
 from asyncrl.api.types.rules import (
     ASYNC_WINDOW_RULE,
     DATA_SOURCE_RULE,
+    MAX_RESOURCES,
     MAX_TRAIN_BATCH_SIZE,
     MAX_WINDOW_SIZE,
     MULTI_NODE_BACKEND_RULE,
     MULTI_NODE_CHECKPOINT_RULE,
     MULTI_NODE_GATEWAY_PORT_RULE,
+    RESOURCE_LIMIT_RULE,
+    RESOURCE_QUANTITY_RULE,
     TEMPLATE_SOURCE_RULE,
     VERL_MINI_BATCH_RULE,
     VERL_TOKEN_BUDGET_RULE,
@@ -95,15 +98,18 @@ def _quantity_text(value: object) -> object:
     return value
 
 
+MAX_QUANTITY_LENGTH = 64
+
 Quantity = Annotated[
     str,
     BeforeValidator(_quantity_text),
-    Field(pattern=QUANTITY_PATTERN),
+    Field(pattern=QUANTITY_PATTERN, max_length=MAX_QUANTITY_LENGTH),
     # The API server's own form of a quantity: an integer or a string in quantity syntax.
     WithJsonSchema(
         {
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN,
+            "maxLength": MAX_QUANTITY_LENGTH,  # bounds the CEL quantity rules' estimated cost
             "x-kubernetes-int-or-string": True,
         }
     ),
@@ -113,16 +119,22 @@ Quantity = Annotated[
 class ResourceRequirements(ApiModel):
     """Compute resources of a container, as in a pod spec; quantities like `8`, `500m`, `64Gi`."""
 
+    model_config = ConfigDict(json_schema_extra=cel_rules(RESOURCE_QUANTITY_RULE, RESOURCE_LIMIT_RULE))
+
     limits: dict[str, Quantity] | None = Field(
-        default=None, description="Most of each resource the container may use (e.g. memory: 64Gi)."
+        default=None,
+        max_length=MAX_RESOURCES,
+        description="Most of each resource the container may use (e.g. memory: 64Gi).",
     )
     requests: dict[str, Quantity] | None = Field(
-        default=None, description="Resources the scheduler reserves for the container (e.g. cpu: 8)."
+        default=None,
+        max_length=MAX_RESOURCES,
+        description="Resources the scheduler reserves for the container (e.g. cpu: 8).",
     )
 
     @model_validator(mode="after")
     def _quantities_the_api_server_takes(self) -> Self:
-        """No negative quantity, no limit below its request: the API server refuses the pod (422)."""
+        """RESOURCE_QUANTITY_RULE and RESOURCE_LIMIT_RULE: the API server would refuse the pod (422)."""
         problems = resource_problems(self.limits, self.requests)
         if problems:
             first = next(iter(problems))
