@@ -23,14 +23,20 @@ METHODS = (b"GET ", b"POST ", b"PUT ", b"DELETE ", b"HEAD ", b"PATCH ")
 class AnswerDropper:
     """Drops the first `drops` answers to requests starting with `request_prefix` (`b"POST /path"`) whose
     bytes contain `marker`; `dropped` holds those answers, `passed` the watched answers that went through.
-    A dropped answer resets the client's connection, or with `swallow` is never sent: the client times out."""
+    A dropped answer resets the client's connection, or with `swallow` is never sent: the client times out.
+    With `lose_requests` the requests themselves are lost instead, in order: after `skip` matching requests
+    (prefix, and `marker` in their first bytes) went through, the next `drops` reset the client's connection
+    before the server sees them, as a reset on the way there does; `dropped` holds them."""
 
     upstream_port: int
     request_prefix: bytes
     marker: bytes
     drops: int = 1
     swallow: bool = False
+    lose_requests: bool = False
+    skip: int = 0
     port: int = 0
+    _seen: int = 0
     dropped: list[bytes] = field(default_factory=list)
     passed: list[bytes] = field(default_factory=list)
     _connections: set[asyncio.Task[None]] = field(default_factory=set)
@@ -67,7 +73,14 @@ class AnswerDropper:
         async def requests() -> None:
             while chunk := await client_reader.read(65536):
                 if chunk.startswith(METHODS):  # a request's first bytes (clients write the head at once)
-                    watched.put_nowait(chunk.startswith(self.request_prefix))
+                    ours = chunk.startswith(self.request_prefix)
+                    if ours and self.lose_requests and self.marker in chunk:
+                        self._seen += 1
+                        if self._seen > self.skip and len(self.dropped) < self.drops:
+                            self.dropped.append(chunk)
+                            client_writer.transport.abort()  # the server never sees it
+                            return
+                    watched.put_nowait(ours and not self.lose_requests)
                 upstream_writer.write(chunk)
                 await upstream_writer.drain()
             upstream_writer.close()
@@ -110,11 +123,26 @@ def _content_length(head: bytes) -> int:
 
 @contextmanager
 def dropping_answers(
-    upstream_url: str, *, request_prefix: bytes, marker: bytes, drops: int = 1, swallow: bool = False
+    upstream_url: str,
+    *,
+    request_prefix: bytes,
+    marker: bytes,
+    drops: int = 1,
+    swallow: bool = False,
+    lose_requests: bool = False,
+    skip: int = 0,
 ) -> Iterator[AnswerDropper]:
     """An `AnswerDropper` in front of `upstream_url` (http://127.0.0.1:PORT), serving until the block ends."""
     port = int(upstream_url.rstrip("/").rsplit(":", 1)[1])
-    proxy = AnswerDropper(port, request_prefix=request_prefix, marker=marker, drops=drops, swallow=swallow)
+    proxy = AnswerDropper(
+        port,
+        request_prefix=request_prefix,
+        marker=marker,
+        drops=drops,
+        swallow=swallow,
+        lose_requests=lose_requests,
+        skip=skip,
+    )
     loop = asyncio.new_event_loop()
     started, stop = threading.Event(), asyncio.Event()
     thread = threading.Thread(

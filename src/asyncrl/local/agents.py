@@ -36,6 +36,11 @@ from asyncrl.rollouts import RolloutState
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_ACTIVE = 32
+# A state report lost to a reset connection, a timeout or a gateway restarting is sent again for this long
+# (the gateway takes a repeated transition as a no-op). Before, it was only logged: the rollout stayed
+# `running` until it timed out, or `queued` for the claim's lease and then ran again (benchmarks/soak.py).
+REPORT_RETRY_SECONDS = 120.0
+REPORT_RETRY_MAX_DELAY = 5.0
 
 
 def agent_command(job: Mapping[str, Any], agent_env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -133,13 +138,44 @@ class LocalAgents:
         await asyncio.gather(*tasks, return_exceptions=True)
         return len(running)
 
-    async def _report(self, rollout_id: str, state: RolloutState, message: str | None = None) -> None:
-        try:
-            await self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
-        except GatewayError:  # 404/409: consumed or cancelled meanwhile, or lost with a restarted gateway
-            pass
-        except httpx.TransportError as error:
-            logger.info("rollout %s: could not report %s: %s", rollout_id, state, error)
+    async def _report(self, rollout_id: str, state: RolloutState, message: str | None = None) -> bool:
+        """Report `state`, sent again after a transport error or a 5xx for REPORT_RETRY_SECONDS; whether the
+        gateway took it. A 404/409 is final: consumed or cancelled meanwhile, or lost with a restarted
+        gateway."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPORT_RETRY_SECONDS
+        delay = 0.25
+        while True:
+            try:
+                await self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
+                return True
+            except GatewayError as error:
+                if error.status < 500:
+                    return False
+                problem = str(error)
+            except httpx.TransportError as error:
+                problem = f"{type(error).__name__}: {error}"
+            if loop.time() + delay > deadline:
+                logger.warning(
+                    "rollout %s: could not report %s for %.0fs: %s",
+                    rollout_id,
+                    state,
+                    REPORT_RETRY_SECONDS,
+                    problem,
+                )
+                return False
+            logger.info("rollout %s: reporting %s again in %.2fs: %s", rollout_id, state, delay, problem)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REPORT_RETRY_MAX_DELAY)
+
+    async def _report_end(
+        self, rollout_id: str, state: RolloutState, message: str | None, *, running_reported: bool
+    ) -> None:
+        """The final state; `running` first when its report was never taken (a terminal state is refused
+        from `queued`, and the rollout would wait out its lease and run again)."""
+        if not running_reported:
+            await self._report(rollout_id, RolloutState.RUNNING)
+        await self._report(rollout_id, state, message)
 
     async def _run_one(self, rollout: RolloutView) -> None:
         try:
@@ -178,20 +214,30 @@ class LocalAgents:
                     start_new_session=True,
                 )
             self._processes.add(process)
-            await self._report(rollout.rollout_id, RolloutState.RUNNING)
+            running = await self._report(rollout.rollout_id, RolloutState.RUNNING)
             timeout = rollout.timeout_seconds or self.timeout_seconds
             try:
                 code = await asyncio.wait_for(process.wait(), timeout=timeout)
             except TimeoutError:
                 _kill_group(process.pid)
                 await process.wait()
-                await self._report(rollout.rollout_id, RolloutState.TIMED_OUT, f"killed after {timeout:.0f}s")
+                await self._report_end(
+                    rollout.rollout_id,
+                    RolloutState.TIMED_OUT,
+                    f"killed after {timeout:.0f}s",
+                    running_reported=running,
+                )
                 return
             if code == 0:
-                await self._report(rollout.rollout_id, RolloutState.SUCCEEDED)
+                await self._report_end(
+                    rollout.rollout_id, RolloutState.SUCCEEDED, None, running_reported=running
+                )
             else:
-                await self._report(
-                    rollout.rollout_id, RolloutState.FAILED, f"agent exited with {code}; see {log_path}"
+                await self._report_end(
+                    rollout.rollout_id,
+                    RolloutState.FAILED,
+                    f"agent exited with {code}; see {log_path}",
+                    running_reported=running,
                 )
         except OSError as error:
             await self._report(
