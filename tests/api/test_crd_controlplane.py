@@ -241,7 +241,8 @@ def test_kubectl_get_shows_the_printer_columns(kubectl: list[str], namespace: st
     assert _columns(plain.stdout) == [
         "NAME",
         "PHASE",
-        "STEP",
+        "STEPS",
+        "REWARD",
         "ACTIVE",
         "CARRY-OVER",
         "MAX-AGE",
@@ -253,12 +254,14 @@ def test_kubectl_get_shows_the_printer_columns(kubectl: list[str], namespace: st
     assert _columns(wide.stdout) == [
         "NAME",
         "PHASE",
-        "STEP",
+        "STEPS",
+        "REWARD",
+        "BEST",
         "ACTIVE",
         "CARRY-OVER",
         "MAX-AGE",
         "DRAIN",
-        "COMPLETED",
+        "SUCCEEDED",
         "FAILED",
         "JOBS",
         "AGE",
@@ -288,6 +291,8 @@ def test_status_is_written_through_the_status_subresource_and_shown_bykubectl_ru
             proxy_drain_seconds=0.75,
             carry_over_age_histogram={"1": 1, "2": 1},
             active_groups=4,
+            reward_mean=0.5,
+            total_steps=10,
         ),
         now=now,
     )
@@ -304,7 +309,9 @@ def test_status_is_written_through_the_status_subresource_and_shown_bykubectl_ru
     assert load_run(stored).status == status
     wide = kubectl_run(kubectl, "get", "atr", "minimal", "-n", namespace, "-o", "wide", "--no-headers")
     assert wide.returncode == 0, wide.stderr
-    assert wide.stdout.split()[:10] == ["minimal", "Running", "3", "4", "2", "2", "0.75", "40", "3", "7"]
+    assert wide.stdout.split()[:12] == [
+        "minimal", "Running", "4/10", "0.5", "0.5", "4", "2", "2", "0.75", "40", "3", "7"
+    ]  # fmt: skip
 
 
 # name -> (how the minimal spec is changed, the field both sides must name or None when valid)
