@@ -93,7 +93,8 @@ def test_validate_renders_the_agent_template_for_the_first_row_as_the_operator_d
     assert result.returncode == 1
     first, second = result.stdout.splitlines()
     assert first == (
-        f"{broken}: spec.agents.template: agent template: 'question' is undefined (all 4 rows of spec.data.inline)"
+        f"{broken}: spec.agents.template: agent template: 'question' is undefined "
+        "(all 4 rows of spec.data.inline)"
     )
     assert second.startswith(f"{host}: spec.agents.template: agent template: spec.template.spec.hostNetwork")
     assert "refused by the operator's --agent-pod-policy=restricted" in second
