@@ -8,6 +8,7 @@ processes (there is no kubelet or container runtime here), with each image mappe
 
 from __future__ import annotations
 
+import json
 import subprocess
 from typing import Any
 
@@ -93,14 +94,21 @@ def test_apply_trains_with_carry_over_and_delete_leaves_nothing(
         return bool(columns) and columns.get("PHASE") == "Succeeded"
 
     wait_for(finished, timeout=420, interval=1.0, what="the run to succeed (kubectl get atr)")
-    steps = sorted({int(row["STEP"]) for row in seen if row.get("STEP", "<none>").isdigit()})
-    assert steps[-1] == 5
-    assert len(steps) >= 3  # STEP advanced while we watched
+    # STEPS is `done/total`, counted from 1: a 6-step run ends at 6/6.
+    steps = sorted({int(row["STEPS"].split("/")[0]) for row in seen if "/" in row.get("STEPS", "")})
+    assert steps[-1] == 6
+    assert {row["STEPS"].split("/")[1] for row in seen if "/" in row.get("STEPS", "")} == {"6"}
+    assert len(steps) >= 3  # STEPS advanced while we watched
+    assert any(row.get("REWARD", "<none>") != "<none>" for row in seen)  # the reward shows while it trains
     assert any(int(row["CARRY-OVER"]) > 0 for row in seen if row.get("CARRY-OVER", "").isdigit())
     assert any(int(row["MAX-AGE"]) >= 1 for row in seen if row.get("MAX-AGE", "").isdigit())
 
     (trainer_pod,) = [p for p in (pod_runner.work_dir / "pods").glob(f"{namespace}_e2e-trainer-*")]
-    (run_dir,) = (trainer_pod / "wandb-runs" / "wandb").glob("offline-run-*")
+    # The per-step metrics are kept on the checkpoint volume (metrics/ beside the checkpoints), W&B's too.
+    (metrics_dir,) = trainer_pod.glob("volumes/checkpoints/metrics")
+    kept = (metrics_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in kept] == [0, 1, 2, 3, 4, 5]
+    (run_dir,) = (metrics_dir / "wandb").glob("offline-run-*")
     logged = history(run_dir)
     assert len(logged) == 6
     for metric in SEED_METRICS:
