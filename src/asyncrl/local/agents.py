@@ -40,7 +40,7 @@ DEFAULT_MAX_ACTIVE = 32
 # (the gateway takes a repeated transition as a no-op). Before, it was only logged: the rollout stayed
 # `running` until it timed out, or `queued` for the claim's lease and then ran again (benchmarks/soak.py).
 REPORT_RETRY_SECONDS = 120.0
-REPORT_RETRY_MAX_DELAY = 5.0
+REPORT_RETRY_MAX_DELAY = 1.0  # a report is small: after a fault it should land at once, not seconds later
 
 
 def agent_command(job: Mapping[str, Any], agent_env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
