@@ -3,39 +3,24 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
+
+from tests.support.provisioning import provisioned, without_go
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "provision-kueue.sh"
 
 
 def _provisioned(cache: Path, *, crds: bool = True) -> Path:
-    kueue = cache / "kueue" / "v0.17.0"
-    (kueue / "bin").mkdir(parents=True)
-    binary = kueue / "bin" / "kueue"
-    binary.write_text("#!/bin/sh\nexit 0\n")
-    binary.chmod(0o755)
-    if crds:
-        (kueue / "crds").mkdir()
-        (kueue / "crds" / "kueue.x-k8s.io_workloads.yaml").write_text("kind: CustomResourceDefinition\n")
-    return kueue
-
-
-def _without_go(tmp_path: Path) -> dict[str, str]:
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    for tool in ("bash", "mkdir", "date", "sed", "printf", "cat"):
-        found = shutil.which(tool)
-        if found:
-            (tools / tool).symlink_to(found)
-    return {"PATH": str(tools), "HOME": str(tmp_path), "ASYNCRL_CACHE_DIR": str(tmp_path / "cache")}
+    return provisioned(
+        cache / "kueue" / "v0.17.0", binary="kueue", crd="kueue.x-k8s.io_workloads.yaml" if crds else None
+    )
 
 
 def test_a_second_run_finds_the_binary_and_the_crds_and_builds_nothing(tmp_path: Path) -> None:
     kueue = _provisioned(tmp_path / "cache")
-    env = {**_without_go(tmp_path), "PATH": os.environ["PATH"]}
+    env = {**without_go(tmp_path), "PATH": os.environ["PATH"]}
     result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == str(kueue)
     assert "present" in result.stderr
@@ -44,7 +29,7 @@ def test_a_second_run_finds_the_binary_and_the_crds_and_builds_nothing(tmp_path:
 
 def test_a_binary_without_its_crds_is_rebuilt_and_a_missing_go_is_named(tmp_path: Path) -> None:
     _provisioned(tmp_path / "cache", crds=False)
-    env = _without_go(tmp_path)
+    env = without_go(tmp_path)
     result = subprocess.run(
         [env["PATH"] + "/bash", str(SCRIPT)], env=env, capture_output=True, text=True, check=False
     )
