@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from asyncrl.trainer.metrics import spread
 from asyncrl.trainer.rows import TrainingRow
 
 
@@ -18,18 +19,10 @@ def length_metrics(rows: Sequence[TrainingRow]) -> dict[str, float]:
     """`response_length/{mean,max,min,clip_ratio}` and `prompt_length/{mean,max,min}`; empty for no rows."""
     if not rows:
         return {}
-    responses = [len(row.response_token_ids) for row in rows]
-    prompts = [len(row.prompt_token_ids) for row in rows]
+    responses = [float(len(row.response_token_ids)) for row in rows]
+    prompts = [float(len(row.prompt_token_ids)) for row in rows]
     return {
-        **_spread("response_length", responses),
+        **spread("response_length", responses, separator="/"),
         "response_length/clip_ratio": sum(row.truncated for row in rows) / len(rows),
-        **_spread("prompt_length", prompts),
-    }
-
-
-def _spread(prefix: str, values: Sequence[int]) -> dict[str, float]:
-    return {
-        f"{prefix}/mean": sum(values) / len(values),
-        f"{prefix}/max": float(max(values)),
-        f"{prefix}/min": float(min(values)),
+        **spread("prompt_length", prompts, separator="/"),
     }

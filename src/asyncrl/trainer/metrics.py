@@ -51,14 +51,15 @@ def metrics_places(
     return MetricsPlaces(metrics_file or beside / METRICS_FILE_NAME, wandb_dir or beside)
 
 
-def spread(prefix: str, values: Sequence[float]) -> dict[str, float]:
-    """`{prefix}_min/_mean/_max` of `values` (nothing when there are none)."""
+def spread(prefix: str, values: Sequence[float], *, separator: str = "_") -> dict[str, float]:
+    """`{prefix}_min/_mean/_max` of `values` (nothing when there are none); `separator="/"` gives verl's
+    `{prefix}/min`, ... names."""
     if not values:
         return {}
     return {
-        f"{prefix}_min": min(values),
-        f"{prefix}_mean": sum(values) / len(values),
-        f"{prefix}_max": max(values),
+        f"{prefix}{separator}min": min(values),
+        f"{prefix}{separator}mean": sum(values) / len(values),
+        f"{prefix}{separator}max": max(values),
     }
 
 
