@@ -10,11 +10,14 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterator, Mapping
+from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
+from asyncrl.api.field_names import unknown_field_message
+from asyncrl.api.schema import structural_schema
 from asyncrl.api.types.meta import API_VERSION, KIND, ApiModel, FieldRuleError
 from asyncrl.api.types.rules import IMMUTABLE_FIELDS, check_run_name, immutable_message
 from asyncrl.api.types.spec import AsyncTrainingRunSpec
@@ -195,6 +198,12 @@ def _enum_hint(detail: ErrorDetails) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+@cache
+def _wire_schema() -> Mapping[str, Any]:
+    """The run's structural schema, as the CRD holds it: what an unknown field's hint names."""
+    return structural_schema(AsyncTrainingRun)
+
+
 def _field_error(detail: ErrorDetails) -> FieldError:
     location = [str(part) if isinstance(part, str) else f"[{part}]" for part in detail["loc"]]
     cause = detail.get("ctx", {}).get("error")
@@ -208,8 +217,6 @@ def _field_error(detail: ErrorDetails) -> FieldError:
         if path in RENAMED_FIELDS:
             message = f"renamed to {RENAMED_FIELDS[path]} (CHANGELOG.md)"
         else:
-            from asyncrl.api.field_names import unknown_field_message
-
             *parent, field = detail["loc"]
-            message = unknown_field_message(str(field), parent)
+            message = unknown_field_message(str(field), parent, schema=_wire_schema())
     return FieldError(path=path, message=message)
