@@ -69,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of the one it listens on (e.g. a proxy in front of --inference-port)",
     )
     parser.add_argument(
+        "--reference-model-seed",
+        type=int,
+        default=0,
+        help="Reference backend only: seed of the tiny model's initial weights (default %(default)s); runs "
+        "compared across seeds (benchmarks/time_to_reward.py) vary it",
+    )
+    parser.add_argument(
         "--checkpoint-dir", type=Path, default=None, help="checkpoints here; resume from them"
     )
     parser.add_argument("--data-file", type=Path, default=None, help="rows file (for data.configMapRef)")
@@ -133,10 +140,13 @@ def build_backend(
     checkpoint_dir: Path | None,
     prompt_count: int,
     inference_url: str | None = None,
+    reference_model_seed: int = 0,
 ) -> Backend:
     if run.spec.trainer.backend is TrainerBackend.VERL:
         return build_verl_backend(run, checkpoint_dir=checkpoint_dir, prompt_count=prompt_count)
-    return build_reference_backend(run, inference_port=inference_port, inference_url=inference_url)
+    return build_reference_backend(
+        run, inference_port=inference_port, inference_url=inference_url, model_seed=reference_model_seed
+    )
 
 
 def build_verl_backend(run: AsyncTrainingRun, *, checkpoint_dir: Path | None, prompt_count: int) -> Backend:
@@ -170,10 +180,15 @@ def build_verl_backend(run: AsyncTrainingRun, *, checkpoint_dir: Path | None, pr
 
 
 def build_reference_backend(
-    run: AsyncTrainingRun, *, inference_port: int, inference_url: str | None = None
+    run: AsyncTrainingRun, *, inference_port: int, inference_url: str | None = None, model_seed: int = 0
 ) -> Backend:
     from asyncrl.trainer.backends.reference import ReferenceBackend
-    from asyncrl.trainer.backends.reference.config import ReferenceBackendConfig, ServerConfig, UpdateConfig
+    from asyncrl.trainer.backends.reference.config import (
+        ModelConfig,
+        ReferenceBackendConfig,
+        ServerConfig,
+        UpdateConfig,
+    )
 
     spec = run.spec
     correction = spec.rollout_correction
@@ -181,6 +196,7 @@ def build_reference_backend(
     # verl's key means the same here, so one manifest tunes both backends alike.
     learning_rate = float(overrides.get(LEARNING_RATE_KEY, UpdateConfig().learning_rate))
     config = ReferenceBackendConfig(
+        model=ModelConfig(seed=model_seed),
         update=UpdateConfig(
             rollout_is=correction.rollout_is,
             rollout_is_threshold=correction.threshold,
@@ -247,7 +263,7 @@ def preflight(run: AsyncTrainingRun, args: argparse.Namespace) -> list[Any]:
     checks = run_checks(run, checkpoint_dir=args.checkpoint_dir, storage_units=storage_units)
     trainer = run.spec.trainer
     if trainer.nodes > 1:
-        from asyncrl.trainer.backends.verl import cluster_probe
+        from asyncrl.trainer import preflight_ray
         from asyncrl.trainer.backends.verl.cluster import ray_connection
         from asyncrl.trainer.preflight_cluster import ClusterAccess, ClusterNeeds, check_ray_cluster
 
@@ -260,7 +276,7 @@ def preflight(run: AsyncTrainingRun, args: argparse.Namespace) -> list[Any]:
         )
         address = ray_connection(nnodes=trainer.nodes, env=os.environ).address
         assert address is not None  # nodes > 1 always joins a cluster
-        access = ClusterAccess(join=cluster_probe.join, wait_seconds=args.ray_cluster_wait_seconds)
+        access = ClusterAccess(join=preflight_ray.join, wait_seconds=args.ray_cluster_wait_seconds)
         checks += check_ray_cluster(needs, address=address, access=access)
     return checks
 
@@ -317,6 +333,7 @@ async def train(args: argparse.Namespace) -> int:
         inference_url=args.inference_url,
         checkpoint_dir=args.checkpoint_dir,
         prompt_count=len(rows),
+        reference_model_seed=args.reference_model_seed,
     )
     # After the config check (a bad verl key is named first), before any model or GPU work.
     from asyncrl.trainer.preflight import report

@@ -229,7 +229,7 @@ def node_checks(
     *, gpus: int, model_path: str, checkpoint_dir: Path | None, probes: Probes = MACHINE
 ) -> list[Check]:
     """What a Ray node's container must hold for verl's workers there; run on each node by a Ray task that
-    holds the node's GPUs (backends/verl/cluster_probe.py)."""
+    holds the node's GPUs (preflight_ray.py)."""
     return [
         *check_cuda(gpus, probes, field="spec.trainer.gpusPerNode"),
         check_shm(gpus, probes),

@@ -17,7 +17,7 @@ not being *there yet* (no head, a node missing, a node whose task did not answer
 driver exits to be restarted, and waits again.
 
 Pure: the cluster is reached through `ClusterAccess` (join, clock and sleep are parameters), so the checks
-are tested with fake clusters; asyncrl.trainer.backends.verl.cluster_probe is the real one, on Ray.
+are tested with fake clusters; asyncrl.trainer.preflight_ray is the real one, on Ray.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ preflight's connection is closed before verl joins with its own runtime environm
 A head lost after the join is Ray's to report: its driver waits for the GCS and, after 60 s, Ray ends the
 process ("Failed to connect to GCS within 60 seconds"), exit 1; the trainer container is restarted.
 
-I/O only; the decisions are in preflight_cluster.py.
+I/O only; the decisions are in preflight_cluster.py. It sits beside the preflight, not in backends/verl: the
+preflight reads the backends (verl's resource plan), so the backends import no preflight.
 """
 
 from __future__ import annotations
