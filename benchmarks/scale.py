@@ -1,4 +1,4 @@
-"""A window of many rollouts: how long the paused gateway waits for data, and what it costs, before and after.
+"""A window of many rollouts: how long the paused gateway waits for data, and what it costs.
 
     python benchmarks/scale.py                                  # 128 groups x 8 x 20 calls (full size)
     python benchmarks/scale.py --groups 16 --calls 4 --steps 3  # a few minutes on a shared 2-core machine
@@ -9,9 +9,9 @@ an upstream (this script's `--serve-upstream` mode) answering `--response-tokens
 `--prompt-tokens` prompt, as vLLM does with `return_token_ids` and `logprobs`. Stand-in: the **update is a
 sleep of fixed cost** (`--update-seconds`), no model, no GPU.
 
-Two ways of fetching, each on a fresh gateway (`--fetch`): `fetch at pause` fetches every consumed rollout's
-events at the pause, one request each (`LoopSettings.prefetch_rows=False`, the old path), `prefetch` prepares
-rows as groups complete (batched, in the background). `--capture` sets the gateway's capture mode (`compact`
+The loop prepares rows as groups complete (batched, in the background), so the paused gateway should serve
+no events request. (The old path, every consumed rollout's events fetched at the pause, one request each, is
+gone; docs/benchmarks.md keeps its figures.) `--capture` sets the gateway's capture mode (`compact`
 or `full`); left out, the flag is not passed, so an older gateway (one without compact capture, given first
 on PYTHONPATH) can be measured with the same script. Printed per run: gateway peak RSS (VmHWM), pause to
 update start (median and max over steps after the first), events bytes moved per step, events requests made
@@ -234,22 +234,19 @@ def _stop(process: ServerProcess | subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-async def _one_mode(
-    args: argparse.Namespace, *, prefetch: bool, upstream_url: str, log_dir: Path
-) -> dict[str, Any]:
+async def _measure(args: argparse.Namespace, *, upstream_url: str, log_dir: Path) -> dict[str, Any]:
     from asyncrl.trainer.adapter import AdapterConfig
     from asyncrl.trainer.data import PromptSource
     from asyncrl.trainer.loop import LoopSettings, StepLoop
     from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks
     from asyncrl.trainer.window import WindowConfig
 
-    name = "prefetch" if prefetch else "fetch at pause"
     capture = [f"--capture={args.capture}"] if args.capture else []
-    gateway, gateway_url = start_gateway(upstream_url, log_dir, *capture, name=f"gateway-{int(prefetch)}")
+    gateway, gateway_url = start_gateway(upstream_url, log_dir, *capture, name="gateway")
     agents = _start_self(
         ["--agents", gateway_url, "--calls", str(args.calls), "--prompt-tokens", str(args.prompt_tokens),
          "--agent-concurrency", str(args.agent_concurrency)],
-        log_dir / f"agents-{name}.log",
+        log_dir / "agents.log",
     )  # fmt: skip
     train_batch = args.train_batch or max(1, args.groups // 2)
     settings = LoopSettings(
@@ -268,9 +265,8 @@ async def _one_mode(
         checkpoint_dir=None,
         checkpoint_every_steps=1,
         drain_timeout_seconds=600,
-        prefetch_rows=prefetch,
     )
-    metrics_path = log_dir / f"metrics-{name}.jsonl"
+    metrics_path = log_dir / "metrics.jsonl"
     backend = FixedCostBackend(upstream_url, args.update_seconds)
     client = _measuring_client(gateway_url)
     started = time.monotonic()
@@ -294,7 +290,6 @@ async def _one_mode(
     pause_calls = client.pause_call_seconds[1:] or client.pause_call_seconds
     cpu = [b - a for a, b in zip(client.cpu_at_pause, client.cpu_at_pause[1:], strict=False)]
     return {
-        "mode": name,
         "gateway_peak_bytes": peak,
         "pause_median": statistics.median(pauses),
         "pause_max": max(pauses),
@@ -319,16 +314,10 @@ async def main(args: argparse.Namespace) -> None:
             ready_url=f"http://127.0.0.1:{port}/ready",
         )
         try:
-            results = []
-            for prefetch in {"both": (False, True), "pause": (False,), "prefetch": (True,)}[args.fetch]:
-                results.append(
-                    await _one_mode(
-                        args, prefetch=prefetch, upstream_url=f"http://127.0.0.1:{port}", log_dir=log_dir
-                    )
-                )
+            result = await _measure(args, upstream_url=f"http://127.0.0.1:{port}", log_dir=log_dir)
         finally:
             _stop(upstream)
-    train_batch = results[0]["train_batch"]
+    train_batch = result["train_batch"]
     print(
         f"window {args.groups} groups x {args.rollouts} rollouts x {args.calls} calls of "
         f"{args.prompt_tokens} + {args.response_tokens} tokens; "
@@ -338,38 +327,37 @@ async def main(args: argparse.Namespace) -> None:
     )
     print(
         table(
-            ["mode", "gateway peak", "pause->update median", "max", "pause call median", "events MB/step",
+            ["gateway peak", "pause->update median", "max", "pause call median", "events MB/step",
              "requests paused", "per-rollout paused", "trainer CPU s/step", "rows", "wall s"],
             [
-                [r["mode"], f"{r['gateway_peak_bytes'] / 1024**2:.0f} MiB", f"{r['pause_median']:.3f}s",
+                [f"{r['gateway_peak_bytes'] / 1024**2:.0f} MiB", f"{r['pause_median']:.3f}s",
                  f"{r['pause_max']:.3f}s", f"{r['pause_call_median']:.3f}s",
                  f"{r['bytes_per_step'] / 1e6:.1f}", r["requests_while_paused"],
                  r["single_requests_while_paused"], f"{r['cpu_per_step']:.2f}", r["rows"],
                  f"{r['seconds']:.0f}"]
-                for r in results
+                for r in [result]
             ],
         )
     )  # fmt: skip
-    after = results[-1]  # the targets are the prefetching path's
     print(
         verdict(
             "pause to update start <= 1 s",
-            after["pause_max"] <= TARGET_PAUSE_SECONDS,
-            f"{after['pause_max']:.3f}s",
+            result["pause_max"] <= TARGET_PAUSE_SECONDS,
+            f"{result['pause_max']:.3f}s",
         )
     )
     print(
         verdict(
             "gateway peak <= 2 GiB",
-            after["gateway_peak_bytes"] <= TARGET_GATEWAY_BYTES,
-            f"{after['gateway_peak_bytes'] / 1024**2:.0f} MiB",
+            result["gateway_peak_bytes"] <= TARGET_GATEWAY_BYTES,
+            f"{result['gateway_peak_bytes'] / 1024**2:.0f} MiB",
         )
     )
     print(
         verdict(
             "no per-rollout request at pause time",
-            after["single_requests_while_paused"] == 0,
-            str(after["single_requests_while_paused"]),
+            result["single_requests_while_paused"] == 0,
+            str(result["single_requests_while_paused"]),
         )
     )
 
@@ -384,16 +372,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--response-tokens", type=int, default=500)
     parser.add_argument("--train-batch", type=int, default=None, help="trainBatchSize (default groups / 2)")
-    parser.add_argument("--steps", type=int, default=3, help="updates per mode (the first is not measured)")
+    parser.add_argument("--steps", type=int, default=3, help="updates (the first is not measured)")
     parser.add_argument("--update-seconds", type=float, default=2.0, help="cost of the stand-in update")
     parser.add_argument("--agent-concurrency", type=int, default=64, help="rollouts the agents run at once")
-    parser.add_argument(
-        "--fetch",
-        choices=["both", "pause", "prefetch"],
-        default="both",
-        help="pause: fetch every consumed rollout's events at the pause (the old path); prefetch: rows "
-        "prepared as groups complete; both (default): one after the other, each on a fresh gateway",
-    )
     parser.add_argument(
         "--capture",
         choices=["compact", "full"],

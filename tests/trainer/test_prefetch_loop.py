@@ -1,8 +1,7 @@
 """The step loop prepares each step's rows before pausing: a real gateway process, real agents over HTTP.
 
-With prefetching on, a paused gateway sees no events request at all (the rows were fetched in batches as
-groups completed); with it off, the old path reads one rollout per request while paused. Both train the same
-kind of batches: whole groups, never one twice.
+A paused gateway sees no events request at all (the rows were fetched in batches as groups completed), and
+the batches trained are whole groups, never one twice.
 """
 
 from __future__ import annotations
@@ -74,20 +73,18 @@ class CountingClient(GatewayClient):
         return await super().rollout_events_batch(rollout_ids, max_bytes=max_bytes)
 
 
-def _run(
-    tmp_path: Path, upstream: str, *, prefetch: bool
-) -> tuple[CountingClient, RecordingBackend, list[dict[str, Any]]]:
+def _run(tmp_path: Path, upstream: str) -> tuple[CountingClient, RecordingBackend, list[dict[str, Any]]]:
     port = free_port()
     gateway_url = f"http://127.0.0.1:{port}"
     gateway = _gateway(port, tmp_path)
     backend = RecordingBackend(upstream)
-    metrics_path = tmp_path / f"metrics-{prefetch}.jsonl"
+    metrics_path = tmp_path / "metrics.jsonl"
 
     async def main() -> CountingClient:
         client = CountingClient(gateway_url, KEY)
         async with client:
             settings = dataclasses.replace(
-                _settings(steps=STEPS, checkpoint_dir=None), prefetch_rows=prefetch, events_batch_rollouts=3
+                _settings(steps=STEPS, checkpoint_dir=None), events_batch_rollouts=3
             )
             loop = StepLoop(
                 settings=settings,
@@ -118,8 +115,8 @@ def _assert_whole_groups_trained_once(backend: RecordingBackend) -> None:
 
 
 @pytest.mark.slow
-def test_with_prefetching_the_paused_gateway_sees_no_events_request(tmp_path: Path, upstream: str) -> None:
-    client, backend, metrics = _run(tmp_path, upstream, prefetch=True)
+def test_the_paused_gateway_sees_no_events_request(tmp_path: Path, upstream: str) -> None:
+    client, backend, metrics = _run(tmp_path, upstream)
 
     _assert_whole_groups_trained_once(backend)
     assert client.single_reads == {"paused": 0, "running": 0}
@@ -132,15 +129,3 @@ def test_with_prefetching_the_paused_gateway_sees_no_events_request(tmp_path: Pa
     # Batches of at most 3 rollouts, fewer requests than rollouts. A batch may hold groups of two steps (it
     # takes whatever groups have completed), so the bound is over the whole run, not per step.
     assert -(-prepared // 3) <= client.batch_reads["running"] < STEPS * TRAIN_BATCH * 2
-
-
-@pytest.mark.slow
-def test_without_prefetching_each_consumed_rollout_is_read_while_paused(
-    tmp_path: Path, upstream: str
-) -> None:
-    client, backend, metrics = _run(tmp_path, upstream, prefetch=False)
-
-    _assert_whole_groups_trained_once(backend)
-    assert client.batch_reads == {"paused": 0, "running": 0}
-    assert client.single_reads == {"paused": STEPS * TRAIN_BATCH * 2, "running": 0}
-    assert not any("training/prefetch/requests" in line for line in metrics)

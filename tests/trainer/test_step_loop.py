@@ -38,7 +38,7 @@ UPSTREAM = "http://127.0.0.1:9"  # registered with the gateway, never called: no
 RUN_GUARD_SECONDS = 20.0  # only against a hung loop (a defect): every run here takes well under a second
 
 
-def _settings(*, steps: int, max_age: int | None = None, prefetch: bool = True) -> LoopSettings:
+def _settings(*, steps: int, max_age: int | None = None) -> LoopSettings:
     return LoopSettings(
         window=WindowConfig(
             train_batch_size=TRAIN_BATCH,
@@ -55,7 +55,6 @@ def _settings(*, steps: int, max_age: int | None = None, prefetch: bool = True) 
         retry_after_seconds=1,
         drain_timeout_seconds=30,
         gateway_wait_seconds=5,
-        prefetch_rows=prefetch,
         events_batch_rollouts=3,
     )
 
@@ -347,8 +346,8 @@ def test_each_update_runs_paused_and_the_resume_names_the_new_model_version(tmp_
 # -- prefetching --------------------------------------------------------------------------------------------
 
 
-def test_with_prefetching_no_events_are_read_while_paused(tmp_path: Path) -> None:
-    harness = _harness(tmp_path, _settings(steps=3, prefetch=True))
+def test_rows_are_prefetched_and_no_events_are_read_while_paused(tmp_path: Path) -> None:
+    harness = _harness(tmp_path, _settings(steps=3))
     harness.gateway.on_groups_created = _agents(harness)
 
     _run(harness)
@@ -362,16 +361,3 @@ def test_with_prefetching_no_events_are_read_while_paused(tmp_path: Path) -> Non
     assert prepared >= 3 * TRAIN_BATCH * SAMPLES
     assert len(reads) >= -(-prepared // 3)  # at most 3 rollouts per request (events_batch_rollouts)
     assert len(harness.backend.trained_rollouts) == 3 * TRAIN_BATCH * SAMPLES
-
-
-def test_without_prefetching_each_consumed_rollout_is_read_once_while_paused(tmp_path: Path) -> None:
-    harness = _harness(tmp_path, _settings(steps=3, prefetch=False))
-    harness.gateway.on_groups_created = _agents(harness)
-
-    _run(harness)
-
-    reads = [call for call in harness.gateway.calls if call.method.startswith("rollout_events")]
-    consumed_rollouts = 3 * TRAIN_BATCH * SAMPLES
-    assert [(call.method, call.paused) for call in reads] == [("rollout_events", True)] * consumed_rollouts
-    assert not any("training/prefetch/requests" in line for line in harness.metrics())
-    assert sorted(harness.backend.trained_rollouts) == harness.rollouts_of(harness.trained_groups())

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.gateway.client import EventsBatch, GatewayClient, PauseResult
-from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import (
     CompletionPage,
     GatewayStats,
@@ -70,10 +69,6 @@ class TrainerGateway(Protocol):
         ...
 
     async def delete_rollouts(self, rollout_ids: Iterable[str]) -> int: ...
-
-    async def rollout_events(self, rollout_id: str) -> EventsDocument:
-        """One rollout's events document (the loop's path without prefetching)."""
-        ...
 
     async def rollout_events_batch(self, rollout_ids: Iterable[str], *, max_bytes: int | None) -> EventsBatch:
         """Many rollouts' events documents in one answer, bounded by `max_bytes` (the prefetcher's path)."""

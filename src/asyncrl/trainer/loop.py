@@ -30,11 +30,10 @@ from typing import Any
 import httpx
 
 from asyncrl.gateway.client import GatewayError, PauseResult
-from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, GatewayStats, RolloutCreate
 from asyncrl.pausing import DrainPolicy
 from asyncrl.rollouts import RolloutState
-from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
+from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
 from asyncrl.trainer.checkpoints import LoopState, latest_checkpoint, save_checkpoint
 from asyncrl.trainer.data import PromptSource
@@ -50,7 +49,6 @@ from asyncrl.window_config import WindowConfig
 
 logger = logging.getLogger(__name__)
 
-EVENT_FETCH_CONCURRENCY = 16
 COMPLETIONS_WAIT_SECONDS = (
     30.0  # one long-poll; an empty answer doubles as a check that the gateway is the same
 )
@@ -81,9 +79,7 @@ class LoopSettings:
     drain_timeout_seconds: float = 300.0
     gateway_wait_seconds: float = 300.0  # how long an unreachable gateway is waited for, each time
     max_failed_steps: int | None = 3  # consecutive steps with nothing to train before the run fails
-    # Rows prepared as groups complete (batched fetches in the background); off, every consumed rollout's
-    # events are fetched one request each while the gateway is paused (the old way, kept for comparison).
-    prefetch_rows: bool = True
+    # Rows are prepared as groups complete, in batched fetches in the background (asyncrl.trainer.prefetch).
     events_batch_rollouts: int = DEFAULT_BATCH_ROLLOUTS  # rollouts per events request
     events_batch_bytes: int = (
         DEFAULT_EVENTS_BATCH_BYTES  # bytes per events answer (beyond its first document)
@@ -144,16 +140,14 @@ class StepLoop:
         self._first_epoch_only = settings.total_steps is None
         self._failed_steps = 0  # consecutive steps whose consumed groups held nothing to train on
         self._saved_step: int | None = None  # the step of the last checkpoint written or loaded
-        self._prefetcher: RowPrefetcher | None = None
-        if settings.prefetch_rows:
-            self._prefetcher = RowPrefetcher(
-                gateway=gateway,
-                config=settings.adapter,
-                groups=lambda: self.window.active_groups,
-                instance_id=lambda: self._instance_id,
-                batch_rollouts=settings.events_batch_rollouts,
-                batch_bytes=settings.events_batch_bytes,
-            )
+        self._prefetcher = RowPrefetcher(
+            gateway=gateway,
+            config=settings.adapter,
+            groups=lambda: self.window.active_groups,
+            instance_id=lambda: self._instance_id,
+            batch_rollouts=settings.events_batch_rollouts,
+            batch_bytes=settings.events_batch_bytes,
+        )
 
     # -- the gateway's lifetime ---------------------------------------------------------------------------
 
@@ -311,8 +305,7 @@ class StepLoop:
                     break
                 steps_run += 1
         finally:
-            if self._prefetcher is not None:
-                await self._prefetcher.close()
+            await self._prefetcher.close()
         await self._finish()
         return RunResult(first_step=first_step, next_step=self.step, steps_run=steps_run)
 
@@ -436,8 +429,7 @@ class StepLoop:
             await self._consume_completions()
             if window.config.refills and not window.ready_for_update():
                 await self._draw(step)  # keep windowSize groups unfinished while collecting
-        if self._prefetcher is not None:  # the batch's rows are ready before the pause, not during it
-            await self._prefetcher.settle(window.update_groups())
+        await self._prefetcher.settle(window.update_groups())  # the rows are ready before the pause
         wait_started = time.monotonic()
         drain = await self.gateway.pause(
             reason=f"weight update, step {step}",
@@ -453,7 +445,7 @@ class StepLoop:
                 self.settings.drain_timeout_seconds,
             )
         groups = window.update_groups()
-        rows, counts = await self._rows_of(groups)
+        rows, counts = await self._prefetcher.rows_for(groups)
         return _PreparedUpdate(
             groups=groups, rows=rows, counts=counts, drain=drain, wait_started=wait_started
         )
@@ -605,8 +597,7 @@ class StepLoop:
         for entry in page.entries:
             self._timings[entry.rollout_id] = entry
             self.window.record_terminal(entry.rollout_id, entry.state)
-        if self._prefetcher is not None:
-            self._prefetcher.notice()  # fetch the groups this page completed
+        self._prefetcher.notice()  # fetch the groups this page completed
 
     async def _resync_terminal_states(self) -> None:
         """The feed moved past our cursor: take terminal states from the rollout listing instead."""
@@ -630,25 +621,6 @@ class StepLoop:
                     await self._cancel_rollout(rollout_id, reason=reason)
         logger.info("cancelled %d groups: %s", len(groups), reason)
 
-    async def _rows_of(self, groups: Sequence[Group]) -> tuple[list[TrainingRow], AdapterCounts]:
-        if self._prefetcher is not None:
-            return await self._prefetcher.rows_for(groups)
-        semaphore = asyncio.Semaphore(EVENT_FETCH_CONCURRENCY)
-
-        async def fetch(rollout_id: str) -> EventsDocument:
-            async with semaphore:
-                return await self.gateway.rollout_events(rollout_id)
-
-        rows: list[TrainingRow] = []
-        counts: list[AdapterCounts] = []
-        for group in groups:
-            documents = await asyncio.gather(*(fetch(rollout_id) for rollout_id in group.rollout_ids))
-            for document in documents:
-                result = adapt_rollout(document, group_id=group.group_id, config=self.settings.adapter)
-                rows += result.rows
-                counts.append(result.counts)
-        return rows, AdapterCounts.total(counts)
-
     async def _update(self, rows: list[TrainingRow], step: int) -> UpdateMetrics | None:
         if not rows:
             logger.warning("step %d: no trainable rows in the consumed groups; the update is skipped", step)
@@ -660,9 +632,7 @@ class StepLoop:
             await self.backend.wake()
 
     def _prefetch_metrics(self) -> dict[str, float]:
-        """What the step's prefetching moved (since the last step's metrics); none when it is off."""
-        if self._prefetcher is None:
-            return {}
+        """What the step's prefetching moved (since the last step's metrics)."""
         totals, self._prefetcher.totals = self._prefetcher.totals, PrefetchTotals()
         return totals.metrics()
 
