@@ -9,7 +9,8 @@ from-scratch reference model the mean reward rises within a few minutes on 2 CPU
 It uses only `asyncrl.agent`: the AGL_* variables, a client that waits out pauses, and report_reward.
 With `"stream": true` in the row (or TOY_AGENT_STREAM=1) it streams both model calls (`stream: true`,
 server-sent events read chunk by chunk, as an agent UI would): the gateway captures them for training
-exactly like plain calls.
+exactly like plain calls. TOY_AGENT_SEED, when set, seeds the tool's latency draw (otherwise each rollout
+draws from its own AGL_KEY, so no two runs draw alike).
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ def main() -> None:
     row = json.loads(os.environ.get("ROW", "{}"))
     target = str(row.get("target", "ab"))
     prompt = str(row.get("prompt", "write"))
-    rng = random.Random(os.environ.get("AGL_KEY"))
+    # TOY_AGENT_SEED fixes the tool's latency draw (benchmarks give each rollout its own); unset, every
+    # rollout draws from its own token.
+    rng = random.Random(os.environ.get("TOY_AGENT_SEED") or os.environ.get("AGL_KEY"))
     streaming = bool(row.get("stream")) or os.environ.get("TOY_AGENT_STREAM") == "1"
 
     def ask(messages: list[dict[str, Any]]) -> str:

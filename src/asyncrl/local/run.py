@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--resume", action="store_true", help="keep the work dir's checkpoints and continue")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--reference-model-seed",
+        type=int,
+        default=None,
+        help="seed of the Reference backend's initial weights (passed to the trainer; default: its own, 0)",
+    )
     routes = parser.add_argument_group(
         "addresses",
         "where each part of the run listens and reaches the others (default: free ports on 127.0.0.1, each "
@@ -230,6 +236,11 @@ async def run_locally(args: argparse.Namespace) -> int:
         ),
         *([f"--inference-port={args.inference_port}"] if args.inference_port else []),
         *([f"--inference-url={args.inference_url}"] if args.inference_url else []),
+        *(
+            []
+            if args.reference_model_seed is None
+            else [f"--reference-model-seed={args.reference_model_seed}"]
+        ),
     ]
     trainer = _Process("trainer", trainer_argv, env, work_dir / "trainer.log")
     out = sys.stdout
