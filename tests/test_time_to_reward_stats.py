@@ -46,3 +46,47 @@ def test_no_median_when_most_seeds_never_reached() -> None:
     spread = ttr.spread_over_seeds([5.0, None, None])
     assert spread.median is None
     assert (spread.reached, spread.seeds) == (1, 3)
+
+
+def test_consumed_age_is_the_update_step_minus_the_step_that_drew_the_group() -> None:
+    log = (
+        "2026-01-01 INFO asyncrl.trainer.loop step 0: trained groups s0-aa s0-bb\n"
+        "2026-01-01 INFO asyncrl.trainer.loop step 0: reward 0.1\n"
+        "2026-01-01 INFO asyncrl.trainer.loop step 3: trained groups s1-cc s3-dd\n"
+    )
+    assert ttr.consumed_ages(log) == [0, 0, 2, 0]
+
+
+def test_a_group_spans_its_first_start_to_its_last_finish() -> None:
+    groups = ttr.group_times([("s0-aa-r0", 1.0, 4.0), ("s0-aa-r1", 2.0, 9.0), ("s1-bb-r0", 5.0, 6.0)])
+    assert groups == [ttr.GroupTimes("s0-aa", 1.0, 9.0), ttr.GroupTimes("s1-bb", 5.0, 6.0)]
+
+
+def test_a_run_at_its_ideal_bound_has_a_share_of_one() -> None:
+    # B=4, W=8, u=1 s, G=4 s: the bound is 4 / (1 + 4 * 4 / 8) = 4/3 groups/s, so an update every 3 s.
+    ideal = ttr.ideal_groups_per_second(
+        train_batch_size=4, window_size=8, update_seconds=1.0, group_seconds=4.0
+    )
+    assert ideal == 4 / 3
+    share = ttr.throughput_share(
+        update_times=[10.0, 13.0, 16.0],
+        train_batch_size=4,
+        window_size=8,
+        update_seconds=1.0,
+        group_seconds=4.0,
+    )
+    assert share == 1.0
+    slower = ttr.throughput_share(
+        update_times=[10.0, 16.0, 22.0],
+        train_batch_size=4,
+        window_size=8,
+        update_seconds=1.0,
+        group_seconds=4.0,
+    )
+    assert slower == 0.5
+    assert (
+        ttr.throughput_share(
+            update_times=[10.0], train_batch_size=4, window_size=8, update_seconds=1.0, group_seconds=4.0
+        )
+        is None
+    )
