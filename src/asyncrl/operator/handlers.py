@@ -169,12 +169,12 @@ async def _supervise(runtime: Runtime, body: JSON) -> None:
     name = body["metadata"]["name"]
     while True:
         try:
-            await run_daemon(body, runtime)
+            await run_controller(body, runtime)
             return
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            delay = next(delays)
+            delay = restart_delay(error, next(delays))
             logger.error(
                 "run %s: the controller stopped: %s; restarting in %.0f s",
                 name,
@@ -185,6 +185,14 @@ async def _supervise(runtime: Runtime, body: JSON) -> None:
             await asyncio.sleep(delay)
         with contextlib.suppress(Exception):  # start again from the run as it is now
             body = await runtime.kube.read_run(body["metadata"]["namespace"], name)
+
+
+def restart_delay(error: BaseException, backoff_seconds: float) -> float:
+    """How long to wait before starting a run's controller again: the delay a TemporaryError names (e.g. a run
+    waiting for its checkpoint claim looks again in CLAIM_RETRY_SECONDS), else the backoff's next delay."""
+    if isinstance(error, kopf.TemporaryError) and error.delay is not None:
+        return float(error.delay)
+    return backoff_seconds
 
 
 def _parse(body: Mapping[str, Any]) -> tuple[JSON, AsyncTrainingRunSpec]:
@@ -298,7 +306,7 @@ async def _report_trainer_job_creation(kube: Kube, run: JSON, creation: TrainerJ
         )
 
 
-async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
+async def run_controller(body: Mapping[str, Any], runtime: Runtime) -> None:
     """Reconcile the run's children, then run its controller until cancelled."""
     try:
         run, spec = _parse(body)
@@ -340,7 +348,8 @@ async def run_daemon(body: Mapping[str, Any], runtime: Runtime) -> None:
         message = f"{one_line_reason(error)}; retrying"
         await kube.post_event(run, reason="ReconcileError", message=message, warning=True)
         await _set_waiting_status(kube, run, message)
-        raise kopf.TemporaryError(f"reconciling children failed: {message}") from error
+        # No delay of its own (kopf's default is 60 s): the restart backoff (10 s, growing to 60 s) applies.
+        raise kopf.TemporaryError(f"reconciling children failed: {message}", delay=None) from error
     runtime.metrics.reconciles.labels("ok").inc()
     await _report_trainer_job_creation(kube, run, creation)
     if runtime.config.gateway_address == "localhost":

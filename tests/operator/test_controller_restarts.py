@@ -1,0 +1,50 @@
+"""A run's controller started again after a failure: when, and how often (operator/handlers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import kopf
+import pytest
+
+from asyncrl.operator import handlers
+
+
+def test_a_temporary_error_that_names_its_delay_is_retried_after_that_delay() -> None:
+    claim_wait = kopf.TemporaryError("waiting for the claim", delay=handlers.CLAIM_RETRY_SECONDS)
+    assert handlers.restart_delay(claim_wait, 37.0) == handlers.CLAIM_RETRY_SECONDS
+
+
+def test_other_failures_take_the_restart_backoff() -> None:
+    assert handlers.restart_delay(kopf.TemporaryError("no delay of its own", delay=None), 12.5) == 12.5
+    assert handlers.restart_delay(RuntimeError("a bug"), 12.5) == 12.5
+
+
+def test_the_supervisor_waits_what_the_controller_asked_then_starts_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counted, not timed: the controller runs twice, and the one wait between is the error's delay."""
+    calls: list[dict[str, Any]] = []
+    waits: list[float] = []
+
+    async def controller(body: dict[str, Any], runtime: Any) -> None:
+        calls.append(body)
+        if len(calls) == 1:
+            raise kopf.TemporaryError("waiting for the claim", delay=handlers.CLAIM_RETRY_SECONDS)
+
+    async def read_run(namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": name, "generation": 2}}
+
+    async def no_wait(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(handlers, "run_controller", controller)
+    monkeypatch.setattr(asyncio, "sleep", no_wait)
+    runtime: Any = SimpleNamespace(kube=SimpleNamespace(read_run=read_run))
+    body = {"metadata": {"namespace": "ns", "name": "run-a", "generation": 1}}
+    asyncio.run(handlers._supervise(runtime, body))
+    assert waits == [handlers.CLAIM_RETRY_SECONDS]
+    assert len(calls) == 2
+    assert calls[1]["metadata"]["generation"] == 2  # started again from the run as it is now
