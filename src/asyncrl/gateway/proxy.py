@@ -42,15 +42,15 @@ from asyncrl.gateway.door import (
     parse_json,
     read_charged_body,
 )
-from asyncrl.gateway.hold import HeldCalls, HoldRefused
+from asyncrl.gateway.hold import HeldCalls
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.paths import parse_proxy_path
 from asyncrl.gateway.pause import PauseState, header_seconds
+from asyncrl.gateway.pause_policy import pause_policy
 from asyncrl.gateway.relay import Answered, StreamOutcome, open_stream, pump, warn_if_not_found
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.gateway.store import CapturedCall, CaptureFull, RolloutStore, UnknownAttempt, check_attempt
 from asyncrl.gateway.streaming import StreamAssembly, include_usage
-from asyncrl.pausing import PauseMode
 
 UPSTREAM_KEEP_ALIVE_SECONDS = 3.0  # below vLLM's 5 s keep-alive: see ProxyHandler.start
 logger = logging.getLogger(__name__)
@@ -118,8 +118,10 @@ class ProxyHandler:
         self.upstreams = Upstreams(config.upstreams)
         self.model = config.model  # replaced by set_upstreams(); config is frozen
         self.session: aiohttp.ClientSession | None = None
+        # Empty in Reject mode; kept so that a resume or a shutdown releases "every held call" in both modes.
         self.held = HeldCalls(capacity=config.max_held_calls, timeout_seconds=config.hold_timeout_seconds)
         metrics.held.set_function(lambda: len(self.held))
+        self.pause_policy = pause_policy(config.pause_mode, held=self.held, metrics=metrics)
 
     async def start(self) -> None:
         # Idle upstream connections are dropped before vLLM's server closes them (its keep-alive timeout,
@@ -247,7 +249,7 @@ class ProxyHandler:
         request_bytes = _ENCODER.encode(forwarded)
         while True:
             if self.pause.paused or not self.upstreams.urls:
-                await self._wait_until_open(receive)  # Reject mode raises at once
+                await self.pause_policy.wait_until_open(receive, self._refusal)  # Reject raises at once
                 # Released. The rollout may have ended meanwhile (cancelled as stale, timed out): do not
                 # generate for it. Then check the pause again (a new one may have begun before this ran).
                 self._check_rollout(rollout_id, attempt_id)
@@ -281,11 +283,9 @@ class ProxyHandler:
                 self.pause.leave()
             if answer is not None:
                 break
-            # Aborted by a pause: nothing was captured. Hold re-issues it after the resume (the loop parks
-            # it, since the gateway is paused); Reject answers like a call that arrived during the pause.
+            # Aborted by a pause: nothing was captured. The loop meets the pause policy: Hold re-issues it
+            # after the resume, Reject answers like a call that arrived during the pause.
             self.metrics.aborted.inc()
-            if self.config.pause_mode is PauseMode.REJECT:
-                raise self._refusal()
         await _send_bytes(send, status, response, content_type)
         return status
 
@@ -297,7 +297,7 @@ class ProxyHandler:
         """
         while True:
             if self.pause.paused or not self.upstreams.urls:
-                await self._wait_until_open(receive)
+                await self.pause_policy.wait_until_open(receive, self._refusal)
                 self._check_rollout(call.rollout_id, call.attempt_id)
                 continue
             self.pause.enter()
@@ -310,8 +310,6 @@ class ProxyHandler:
             if status is not None:
                 return status
             self.metrics.aborted.inc()  # aborted by a pause before its first byte: nothing was captured
-            if self.config.pause_mode is PauseMode.REJECT:
-                raise self._refusal()
 
     async def _stream_once(self, call: _Call, receive: Receive, send: Send) -> int | None:
         """One upstream attempt: the status relayed, or None when a pause aborted it before its first byte."""
@@ -469,35 +467,6 @@ class ProxyHandler:
                 reason=self.pause.reason,
             )
         return _no_upstream(self.config.retry_after_seconds)
-
-    async def _wait_until_open(self, receive: Receive) -> None:
-        """Hold the call until the gateway is open again, or raise the refusal (Reject, or past the bounds).
-
-        A client that disconnects while held leaves the queue (its call is never forwarded nor captured).
-        """
-        if self.config.pause_mode is PauseMode.REJECT:
-            raise self._refusal()
-        self.metrics.held_total.inc()
-        held = asyncio.ensure_future(self.held.wait())
-        disconnect = asyncio.ensure_future(receive())  # the body is read: the next message is the disconnect
-        try:
-            await asyncio.wait({held, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            disconnect.cancel()
-            client_left = not held.done()
-            if client_left:
-                held.cancel()
-        if client_left or held.cancelled():
-            # The wait leaves the queue once its cancellation is delivered; wait for that (asyncio.wait never
-            # raises it here), then answer no one. Reading held.result() now raised InvalidStateError (a 500).
-            await asyncio.wait({held})
-            raise ClientGone()
-        try:
-            self.metrics.hold_wait.observe(held.result())
-        except HoldRefused as refused:
-            self.metrics.hold_wait.observe(refused.waited_seconds)
-            self.metrics.hold_refusals.labels(refused.reason.value).inc()
-            raise self._refusal() from refused
 
     async def _forward_unless_aborted(self, endpoint: str, body: bytes) -> tuple[int, str, bytes] | None:
         """`_forward`, registered so a pause with abort can cancel it; None when it was aborted."""

@@ -22,7 +22,6 @@ from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState
 from asyncrl.gateway.proxy import ProxyHandler
 from asyncrl.gateway.store import Rollout, RolloutNotFound, RolloutStore
-from asyncrl.pausing import PauseMode
 
 T = TypeVar("T")
 
@@ -66,13 +65,12 @@ class GatewayParts:
 
     def pause_fields(self) -> dict[str, Any]:
         """The pause state's fields (of `PauseView`) as the pause routes and /api/stats answer them."""
-        pause, proxy = self.pause, self.proxy
-        state: dict[str, Any] = {**pause.snapshot().as_json(), "model_version": pause.model_version}
-        if self.config.pause_mode is PauseMode.HOLD:  # Reject mode's state stays the seed's, byte for byte
-            state["pause_mode"] = self.config.pause_mode
-            state["held"] = len(proxy.held)
-            state["held_oldest_seconds"] = round(proxy.held.oldest_wait_seconds(), 3)
-        return state
+        pause = self.pause
+        return {
+            **pause.snapshot().as_json(),
+            "model_version": pause.model_version,
+            **self.proxy.pause_policy.state_fields(),
+        }
 
     def rollout(self, rollout_id: str) -> Rollout:
         """The stored rollout, or 404 naming it."""
