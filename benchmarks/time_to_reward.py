@@ -74,6 +74,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "async-max-age-2": {"maxCarryOverAgeSteps": 2},
 }
 REGIMES = ("quickstart", "latency")
+# Metric names in the trainer's per-step file, newest first: the reward and step time are being renamed to
+# verl's names (critic/score/mean, timing_s/step); a record reads either, so old and new runs compare.
+REWARD_NAMES = ("critic/score/mean", "training/reward_mean")
+STEP_SECONDS_NAMES = ("timing_s/step", "timing/step_seconds")
+UPDATE_SECONDS_NAMES = ("timing/update_phase_seconds",)
 POLL_SECONDS = 0.25
 STOP_WAIT_SECONDS = 60.0
 
@@ -259,17 +264,17 @@ def record_of(
     spec = manifest["spec"]
     zero = seen.first_created if seen.first_created is not None else started_at
     by_step = {int(line["step"]): (at, line) for at, line in seen.lines}  # a step logged twice: the last
+    # A line without a reward is left out of the curve (and the run counts as incomplete), never read as 0.
     curve = [
-        StepPoint(
-            step=step, wall_seconds=round(at - zero, 3), reward=float(line.get("training/reward_mean", 0))
-        )
+        StepPoint(step=step, wall_seconds=round(at - zero, 3), reward=reward)
         for step, (at, line) in sorted(by_step.items())
+        if (reward := _metric(line, REWARD_NAMES)) is not None
     ]
     batch = int(spec["trainBatchSize"])
     window = int(spec["async"].get("windowSize") or batch) if spec["async"]["enabled"] else batch
     groups = group_times((rid, a, b) for rid, (a, b) in (seen.rollout_spans or {}).items())
     group_seconds = statistics.fmean(g.finished - g.started for g in groups) if groups else None
-    updates = [float(line["timing/update_phase_seconds"]) for _, line in by_step.values()]
+    updates = [u for _, line in by_step.values() if (u := _metric(line, UPDATE_SECONDS_NAMES)) is not None]
     update_seconds = statistics.fmean(updates) if updates else None
     share = None
     if group_seconds is not None and update_seconds is not None:
@@ -281,7 +286,7 @@ def record_of(
             group_seconds=group_seconds,
         )
     ages = consumed_ages(trainer_log)
-    steps = [float(line["timing/step_seconds"]) for _, line in by_step.values()]
+    steps = [t for _, line in by_step.values() if (t := _metric(line, STEP_SECONDS_NAMES)) is not None]
     return {
         "regime": plan.regime,
         "config": plan.config,
@@ -311,6 +316,13 @@ def record_of(
         "cpu_count": os.cpu_count(),
         "load_average_1m_at_start": round(load_average, 2),
     }
+
+
+def _metric(line: dict[str, Any], names: Sequence[str]) -> float | None:
+    for name in names:
+        if name in line:
+            return float(line[name])
+    return None
 
 
 def _read(path: Path) -> str:
@@ -482,6 +494,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def seconds_left(plans_left: Sequence[Plan], durations: dict[tuple[str, str], list[float]]) -> float | None:
+    """Each run left at the mean duration of its regime and configuration so far (of all runs when that
+    pair has not run yet: sync and async differ by 3x, so one mean for all would mislead)."""
+    if not durations:
+        return None
+    overall = statistics.fmean(d for runs in durations.values() for d in runs)
+    return sum(
+        statistics.fmean(durations[(p.regime, p.config)]) if (p.regime, p.config) in durations else overall
+        for p in plans_left
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.records.parent.mkdir(parents=True, exist_ok=True)
@@ -495,20 +519,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.steps} steps each, {os.cpu_count()} cores",
         flush=True,
     )
-    durations: list[float] = []
+    durations: dict[tuple[str, str], list[float]] = {}
     try:
         for index, plan in enumerate(pending, start=1):
-            eta = (
-                f", about {statistics.fmean(durations) * (len(pending) - index + 1) / 60:.0f} min left"
-                if durations
-                else ""
-            )
+            left = seconds_left(pending[index - 1 :], durations)
+            eta = "" if left is None else f", about {left / 60:.0f} min left"
             print(
                 f"[{index}/{len(pending)}] seed {plan.seed} {plan.regime} {plan.config}: started{eta}",
                 flush=True,
             )
             record = asyncio.run(run_one(plan, args=args))
-            durations.append(record["wall_seconds"])
+            durations.setdefault((plan.regime, plan.config), []).append(record["wall_seconds"])
             with args.records.open("a") as file:
                 file.write(json.dumps(record) + "\n")
             reached = ", ".join(f"{t} at {_fmt(s)} s" for t, s in record["seconds_to_reward"].items())
