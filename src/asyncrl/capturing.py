@@ -9,6 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 
 # What the gateway's store may hold by default (spec.gateway.maxCaptureBytesPerRollout / maxCaptureBytes).
+# Compact capture keeps about 4 bytes per prompt token and 12 per generated token; 64 MiB is a 50-turn
+# agent resending a 16k-token context each turn with room to spare, 1 GiB a window of 1,024 rollouts of 20
+# calls of 2,000 + 500 tokens about 3.5 times over (docs/tuning-the-window.md sizes the gateway's memory).
 DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT = 64 * 1024 * 1024
 DEFAULT_MAX_CAPTURE_BYTES = 1024 * 1024 * 1024
 

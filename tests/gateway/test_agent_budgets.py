@@ -69,10 +69,11 @@ def test_the_burst_must_hold_the_largest_body() -> None:
     from pydantic import SecretStr, ValidationError
 
     from asyncrl.gateway.config import GatewayConfig
+    from asyncrl.gateway.run_settings import standalone_defaults
 
     with pytest.raises(ValidationError, match="--agent-burst-bytes"):
         GatewayConfig(
-            model="m",
+            run=standalone_defaults(model="m"),
             key=SecretStr("k"),
             max_body_bytes=8 * 1024 * 1024,
             agent_budget=AgentBudget(burst_bytes=1024 * 1024),

@@ -20,9 +20,11 @@ from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.models import UpstreamsView
 from asyncrl.gateway.proxy import Upstreams
+from asyncrl.gateway.run_settings import standalone_defaults
 from asyncrl.testing.processes import ServerProcess
 from tests.gateway.conftest import KEY, RunningGateway, create_rollouts, launch_gateway, launch_upstream
 
+RUN = standalone_defaults(model="m")
 CHAT = {"model": "whatever-the-agent-says", "messages": [{"role": "user", "content": "two words"}]}
 
 
@@ -235,25 +237,25 @@ def test_client_registers_and_reads_upstreams(
 
 def test_the_config_accepts_no_upstream_and_checks_urls_as_the_route_does() -> None:
     key = SecretStr("k")
-    assert GatewayConfig(model="m", key=key).upstreams == ()
-    config = GatewayConfig(upstreams=("http://a:1/", "http://a:1", "https://b"), model="m", key=key)
+    assert GatewayConfig(run=RUN, key=key).upstreams == ()
+    config = GatewayConfig(upstreams=("http://a:1/", "http://a:1", "https://b"), run=RUN, key=key)
     assert config.upstreams == ("http://a:1", "https://b")
     with pytest.raises(ValidationError, match=r"upstream 'a:1' must start with http:// or https://"):
-        GatewayConfig(upstreams=("a:1",), model="m", key=key)
+        GatewayConfig(upstreams=("a:1",), run=RUN, key=key)
 
 
 def test_an_openai_base_url_ending_in_v1_names_the_same_server_as_its_root() -> None:
     key = SecretStr("k")
     config = GatewayConfig(
         upstreams=("http://a:8000/v1", "http://a:8000/v1/", "http://a:8000", "http://b/openai/v1"),
-        model="m",
+        run=RUN,
         key=key,
     )
     assert config.upstreams == ("http://a:8000", "http://b/openai")
     with pytest.raises(
         ValidationError, match=r"an endpoint's URL; give the server's base URL, e.g. 'http://a/v1'"
     ):
-        GatewayConfig(upstreams=("http://a/v1/chat/completions",), model="m", key=key)
+        GatewayConfig(upstreams=("http://a/v1/chat/completions",), run=RUN, key=key)
 
 
 def test_an_upstream_registered_with_v1_takes_calls_and_a_wrong_path_is_named_in_the_log(

@@ -116,13 +116,13 @@ class Gateway:
 
 
 def build_gateway(config: GatewayConfig) -> Gateway:
-    pause = PauseState(config.retry_after_seconds)
+    pause = PauseState(config.run.retry_after_seconds)
     store = RolloutStore(
         max_events_per_rollout=config.max_events_per_rollout,
         max_feed_entries=config.max_completion_feed_entries,
         max_event_bytes=config.max_event_bytes,
-        max_capture_bytes_per_rollout=config.max_capture_bytes_per_rollout,
-        max_capture_bytes=config.max_capture_bytes,
+        max_capture_bytes_per_rollout=config.run.max_capture_bytes_per_rollout,
+        max_capture_bytes=config.run.max_capture_bytes,
     )
     metrics = GatewayMetrics()
     metrics.watch_capture(lambda: store.capture_bytes)

@@ -1,4 +1,5 @@
-"""The gateway's configuration: one model, filled from CLI flags (or the trainer's rendered config)."""
+"""The gateway's configuration: one model; what the run decides is its `run` part (`run_settings.py`), the
+rest (limits at the door, connections, upstream timeouts) the gateway's own flags with their defaults here."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
 from asyncrl.gateway.budgets import AgentBudget
 from asyncrl.gateway.connections import ConnectionLimits
-from asyncrl.pausing import PauseMode
-from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
+from asyncrl.gateway.run_settings import GatewayRunSettings
 
 KEY_ENV_VAR = "ASYNCRL_GATEWAY_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -20,12 +19,6 @@ DEFAULT_MAX_JSON_DEPTH = 64
 # Python's JSON parser and encoders recurse per level and fail near 1000; stay well below.
 MAX_JSON_DEPTH_CEILING = 256
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
-# Compact capture keeps about 4 bytes per prompt token and 12 per generated token; 64 MiB is a 50-turn
-# agent resending a 16k-token context each turn with room to spare, 1 GiB a window of 1,024 rollouts of 20
-# calls of 2,000 + 500 tokens about 3.5 times over (docs/tuning-the-window.md sizes the gateway's memory).
-DEFAULT_HOLD_TIMEOUT_SECONDS = 900.0
-DEFAULT_MAX_HELD_CALLS = 10_000
-MIN_RETRY_AFTER_SECONDS = 0.001  # Retry-After and retry-after-ms are sent with millisecond precision
 
 
 def check_upstream_urls(urls: Iterable[str]) -> tuple[str, ...]:
@@ -80,31 +73,8 @@ class GatewayConfig(BaseModel):
         description="Base URLs of OpenAI-compatible inference servers; empty until registered at run time "
         "with PUT /api/upstreams (model calls get 503 meanwhile).",
     )
-    model: str = Field(description="The model name forwarded upstream, whatever name the agent sends.")
+    run: GatewayRunSettings = Field(description="What the run decides: the model, pauses, capture, sampling.")
     key: SecretStr = Field(description="The gateway key; agent tokens are derived from it.")
-    retry_after_seconds: float = Field(
-        default=5,
-        ge=MIN_RETRY_AFTER_SECONDS,
-        le=3600,
-        description="Retry-After (fractions allowed; also sent as retry-after-ms) with 429 while paused and "
-        "503 while no upstream, in Reject mode and when a held call is refused.",
-    )
-    pause_mode: PauseMode = Field(
-        default=PauseMode.HOLD,
-        description="Hold: calls that arrive while paused (or before any upstream) wait and are forwarded at "
-        "the resume. Reject: they get 429 + Retry-After (503 without an upstream) at once.",
-    )
-    hold_timeout_seconds: float = Field(
-        default=DEFAULT_HOLD_TIMEOUT_SECONDS,
-        gt=0,
-        allow_inf_nan=False,
-        description="Hold mode: a call held this long gets the 429 (or 503) it would have had.",
-    )
-    max_held_calls: int = Field(
-        default=DEFAULT_MAX_HELD_CALLS,
-        ge=1,
-        description="Hold mode: calls held at once; one more gets the 429 (or 503) it would have had.",
-    )
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES,
         ge=1024,
@@ -128,22 +98,6 @@ class GatewayConfig(BaseModel):
     capture_token_ids: bool = Field(
         default=True, description="Ask the upstream for token ids and log-probs on train-mode calls."
     )
-    capture: CaptureMode = Field(
-        default=CaptureMode.COMPACT,
-        description="Compact: keep token ids and log-probs as arrays, drop the request and response JSON. "
-        "Full: keep both JSON bodies too (debugging; several times the memory).",
-    )
-    max_capture_bytes_per_rollout: int = Field(
-        default=DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT,
-        ge=4096,
-        description="Captured model calls one rollout may hold; its calls past it get 413.",
-    )
-    max_capture_bytes: int = Field(
-        default=DEFAULT_MAX_CAPTURE_BYTES,
-        ge=4096,
-        description="Captured model calls the whole store may hold; calls past it get 507 until the trainer "
-        "consumes rollouts.",
-    )
 
     body_timeout_seconds: float = Field(
         default=60.0,
@@ -156,14 +110,6 @@ class GatewayConfig(BaseModel):
     )
     connections: ConnectionLimits = Field(
         default_factory=ConnectionLimits, description="Connection timeouts and the connection cap."
-    )
-
-    sampling_params: SamplingParamsPolicy = Field(
-        default=SamplingParamsPolicy.ENFORCE,
-        description="Enforce, Reject or Allow the agents' own temperature/top_p/top_k on train-mode calls.",
-    )
-    rollout_sampling: RolloutSampling = Field(
-        default_factory=RolloutSampling, description="The run's rollout sampling settings."
     )
 
     @model_validator(mode="after")

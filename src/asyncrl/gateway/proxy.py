@@ -116,12 +116,13 @@ class ProxyHandler:
         self.store = store
         self.metrics = metrics
         self.upstreams = Upstreams(config.upstreams)
-        self.model = config.model  # replaced by set_upstreams(); config is frozen
+        self.model = config.run.model  # replaced by set_upstreams(); config is frozen
         self.session: aiohttp.ClientSession | None = None
         # Empty in Reject mode; kept so that a resume or a shutdown releases "every held call" in both modes.
-        self.held = HeldCalls(capacity=config.max_held_calls, timeout_seconds=config.hold_timeout_seconds)
+        run = config.run
+        self.held = HeldCalls(capacity=run.max_held_calls, timeout_seconds=run.hold_timeout_seconds)
         metrics.held.set_function(lambda: len(self.held))
-        self.pause_policy = pause_policy(config.pause_mode, held=self.held, metrics=metrics)
+        self.pause_policy = pause_policy(run.pause_mode, held=self.held, metrics=metrics)
 
     async def start(self) -> None:
         # Idle upstream connections are dropped before vLLM's server closes them (its keep-alive timeout,
@@ -219,8 +220,8 @@ class ProxyHandler:
         try:
             sampling = apply_rollout_sampling(
                 body,
-                policy=self.config.sampling_params,
-                rollout=self.config.rollout_sampling,
+                policy=self.config.run.sampling_params,
+                rollout=self.config.run.rollout_sampling,
                 train=mode == "train",
             )
         except SamplingRefused as error:
@@ -266,7 +267,7 @@ class ProxyHandler:
                     self._record(
                         rollout_id,
                         *capture_call(
-                            mode=self.config.capture,
+                            mode=self.config.run.capture,
                             attempt_id=attempt_id,
                             endpoint=endpoint,
                             status=status,
@@ -388,7 +389,7 @@ class ProxyHandler:
         self._record(
             call.rollout_id,
             *capture_call(
-                mode=self.config.capture,
+                mode=self.config.run.capture,
                 attempt_id=call.attempt_id,
                 endpoint=call.endpoint,
                 status=status,
@@ -434,7 +435,7 @@ class ProxyHandler:
             self.store.check_capture_room(rollout_id)
         except CaptureFull as full:
             self.metrics.capture_limit_hits.labels(full.limit, "refused").inc()
-            seconds = self.config.retry_after_seconds
+            seconds = self.config.run.retry_after_seconds
             retry = {"retry-after": header_seconds(seconds)} if full.limit == "store" else None
             raise Refused(
                 full.status,
@@ -466,7 +467,7 @@ class ProxyHandler:
                 },
                 reason=self.pause.reason,
             )
-        return _no_upstream(self.config.retry_after_seconds)
+        return _no_upstream(self.config.run.retry_after_seconds)
 
     async def _forward_unless_aborted(self, endpoint: str, body: bytes) -> tuple[int, str, bytes] | None:
         """`_forward`, registered so a pause with abort can cancel it; None when it was aborted."""
@@ -488,7 +489,7 @@ class ProxyHandler:
         last_error = ""
         for attempt in range(attempts):
             if not self.upstreams.urls:  # cannot happen once registered (the set is never emptied); be safe
-                raise _no_upstream(self.config.retry_after_seconds)
+                raise _no_upstream(self.config.run.retry_after_seconds)
             url = self.upstreams.acquire()
             try:
                 async with self.session.post(

@@ -196,16 +196,6 @@ def apply_rollout_sampling(
     return SamplingOutcome(body=forwarded, asked=asked)
 
 
-def sampling_args(policy: SamplingParamsPolicy, rollout: RolloutSampling) -> list[str]:
-    """The `asyncrl gateway` flags that carry a run's policy and settings (the operator and local mode)."""
-    return [
-        f"--sampling-params={policy.value.lower()}",
-        f"--rollout-temperature={rollout.temperature}",
-        f"--rollout-top-p={rollout.top_p}",
-        f"--rollout-top-k={rollout.top_k}",
-    ]
-
-
 _NOT_THE_POLICY = "so vLLM's log-probs would not be the policy's that the trainer recomputes"
 _REJECT_MODE = "(the run's spec.gateway.samplingParams is Reject; Enforce replaces or removes it instead)"
 

@@ -1,4 +1,11 @@
-"""`asyncrl gateway`: parse flags, read the key (file or env, never logged) and serve with uvicorn."""
+"""`asyncrl gateway`: read the run's settings and the flags, the key (file or env, never logged), and serve
+with uvicorn.
+
+Local mode and the operator start the gateway with `--config run.yaml`, the run's manifest the trainer reads
+too: what the run decides (the model, pauses, capture, sampling) comes from it (`run_settings.py`). Those
+settings are flags too, only for a gateway run by hand without `--config`; their defaults are the API's, read
+from the same place, and a flag beside `--config` is refused rather than silently winning or losing.
+"""
 
 from __future__ import annotations
 
@@ -9,29 +16,58 @@ import math
 import os
 import resource
 from pathlib import Path
+from typing import Any
 
-from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT, CaptureMode
+import yaml
+from pydantic import SecretStr, ValidationError
+
+from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
+from asyncrl.capturing import CaptureMode
 from asyncrl.gateway.app import build_gateway
 from asyncrl.gateway.budgets import AgentBudget
 from asyncrl.gateway.config import (
-    DEFAULT_HOLD_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_EVENT_BYTES,
-    DEFAULT_MAX_HELD_CALLS,
     DEFAULT_MAX_JSON_DEPTH,
     KEY_ENV_VAR,
     MAX_JSON_DEPTH_CEILING,
     GatewayConfig,
 )
 from asyncrl.gateway.connections import ConnectionLimits, connection_cap, guarded_protocol
+from asyncrl.gateway.run_settings import GatewayRunSettings, run_settings, standalone_defaults
 from asyncrl.pausing import PauseMode
-from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
+from asyncrl.rollout_sampling import SamplingParamsPolicy
 
 logger = logging.getLogger(__name__)
 
 _AGENT = AgentBudget()
 _CONNECTIONS = ConnectionLimits()
 _BODY_TIMEOUT = GatewayConfig.model_fields["body_timeout_seconds"].default
+_UPSTREAM_TIMEOUT = GatewayConfig.model_fields["upstream_timeout_seconds"].default
+_RUN = standalone_defaults(model="-")  # what a gateway run by hand gets: only read for the help texts here
+
+# The run's settings as flags, for a gateway run by hand: flag dest -> GatewayRunSettings field (a dotted name
+# inside rollout_sampling). Each defaults to None in the parser; `run_settings_of` fills the rest from
+# `standalone_defaults`, so no default of a run's setting is written in this file.
+RUN_FLAGS: dict[str, str] = {
+    "model": "model",
+    "retry_after_seconds": "retry_after_seconds",
+    "pause_mode": "pause_mode",
+    "hold_timeout_seconds": "hold_timeout_seconds",
+    "max_held_calls": "max_held_calls",
+    "capture": "capture",
+    "max_capture_bytes_per_rollout": "max_capture_bytes_per_rollout",
+    "max_capture_bytes": "max_capture_bytes",
+    "sampling_params": "sampling_params",
+    "rollout_temperature": "rollout_sampling.temperature",
+    "rollout_top_p": "rollout_sampling.top_p",
+    "rollout_top_k": "rollout_sampling.top_k",
+}
+_FROM_FLAG = {
+    "pause_mode": PauseMode.from_flag,
+    "capture": CaptureMode.from_flag,
+    "sampling_params": SamplingParamsPolicy.from_flag,
+}
 # Idle keep-alive connections that have shown a credential are closed after this: longer than every client's
 # pool keeps one (httpx 5 s, aiohttp 15 s); uvicorn's default, 5 s, closed them as httpx reused them.
 KEEP_ALIVE_SECONDS = math.ceil(_CONNECTIONS.idle_timeout_seconds)
@@ -47,14 +83,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="OpenAI-compatible server; repeatable. Optional: without it, model calls get 503 until the "
         "trainer registers the servers with PUT /api/upstreams",
     )
-    parser.add_argument("--model", required=True, help="model name forwarded upstream")
     parser.add_argument("--key-file", type=Path, help=f"file holding the gateway key (or set {KEY_ENV_VAR})")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="RUN.yaml",
+        help="the AsyncTrainingRun manifest whose settings the gateway takes (the model, spec.gateway's "
+        "pauses, capture and sampling, the rollout sampling), as the trainer does: how local mode and the "
+        "operator start it. Without it, the flags marked 'run' below, defaulting to a run's defaults",
+    )
+    parser.add_argument("--model", help="run: model name forwarded upstream (required without --config)")
     parser.add_argument(
         "--retry-after-seconds",
         type=float,
-        default=5,
-        help="Retry-After (fractions allowed, also sent as retry-after-ms) when a call is refused while "
-        "paused or while no upstream is registered (default 5)",
+        help="run: Retry-After (fractions allowed, also sent as retry-after-ms) when a call is refused while "
+        f"paused or while no upstream is registered (default {_RUN.retry_after_seconds:g})",
     )
     pauses = parser.add_argument_group(
         "pauses (see docs/tuning-the-window.md)",
@@ -62,29 +105,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     pauses.add_argument(
         "--pause-mode",
-        choices=["hold", "reject"],
-        default="hold",
-        help="hold: the call waits in the gateway and is forwarded at the resume (the agent sees one slow "
-        "answer); reject: 429 + Retry-After + X-Agl-Paused at once, Agent Lightning's contract "
-        "(default hold)",
+        choices=[mode.value.lower() for mode in PauseMode],
+        help="run: hold: the call waits in the gateway and is forwarded at the resume (the agent sees one "
+        "slow answer); reject: 429 + Retry-After + X-Agl-Paused at once, Agent Lightning's contract "
+        f"(default {_RUN.pause_mode.value.lower()})",
     )
     pauses.add_argument(
         "--hold-timeout-seconds",
         type=float,
-        default=DEFAULT_HOLD_TIMEOUT_SECONDS,
         metavar="S",
-        help="a call held this long gets the 429 it would have had "
-        f"(default {DEFAULT_HOLD_TIMEOUT_SECONDS:g})",
+        help="run: a call held this long gets the 429 it would have had "
+        f"(default {_RUN.hold_timeout_seconds:g})",
     )
     pauses.add_argument(
         "--max-held-calls",
         type=int,
-        default=DEFAULT_MAX_HELD_CALLS,
         metavar="N",
-        help=f"calls held at once; more get 429 (default {DEFAULT_MAX_HELD_CALLS})",
+        help=f"run: calls held at once; more get 429 (default {_RUN.max_held_calls})",
     )
     parser.add_argument(
-        "--upstream-timeout-seconds", type=float, default=600.0, help="per model call (default 600)"
+        "--upstream-timeout-seconds",
+        type=float,
+        default=_UPSTREAM_TIMEOUT,
+        help=f"per model call (default {_UPSTREAM_TIMEOUT:g})",
     )
     limits = parser.add_argument_group(
         "limits at the door (what one agent can send; see docs/security.md)",
@@ -191,36 +234,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     capture.add_argument(
         "--capture",
-        choices=["compact", "full"],
-        default="compact",
-        help="compact: token ids and log-probs as arrays, the request and response JSON dropped; full: both "
-        "JSON bodies kept too, shown in the events document (debugging; several times the memory) "
-        "(default compact)",
+        choices=[mode.value.lower() for mode in CaptureMode],
+        help="run: compact: token ids and log-probs as arrays, the request and response JSON dropped; full: "
+        "both JSON bodies kept too, shown in the events document (debugging; several times the memory) "
+        f"(default {_RUN.capture.value.lower()})",
     )
     capture.add_argument(
         "--max-capture-bytes-per-rollout",
         type=int,
-        default=DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT,
         metavar="N",
-        help=f"captured bytes one rollout may hold (default {DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT})",
+        help=f"run: captured bytes one rollout may hold (default {_RUN.max_capture_bytes_per_rollout})",
     )
     capture.add_argument(
         "--max-capture-bytes",
         type=int,
-        default=DEFAULT_MAX_CAPTURE_BYTES,
         metavar="N",
-        help=f"captured bytes the whole store may hold (default {DEFAULT_MAX_CAPTURE_BYTES})",
+        help=f"run: captured bytes the whole store may hold (default {_RUN.max_capture_bytes})",
     )
     parser.add_argument(
         "--sampling-params",
         choices=[policy.value.lower() for policy in SamplingParamsPolicy],
-        default=SamplingParamsPolicy.ENFORCE.value.lower(),
-        help="the agents' temperature/top_p/top_k on train-mode calls: enforce the run's (default), reject "
-        "calls that differ, or allow them (any case: Enforce too)",
+        help="run: the agents' temperature/top_p/top_k on train-mode calls: enforce the run's, reject calls "
+        "that differ, or allow them (any case: Enforce too) "
+        f"(default {_RUN.sampling_params.value.lower()})",
     )
-    parser.add_argument("--rollout-temperature", type=float, default=1.0, help="the run's (default 1.0)")
-    parser.add_argument("--rollout-top-p", type=float, default=1.0, help="the run's (default 1.0)")
-    parser.add_argument("--rollout-top-k", type=int, default=-1, help="the run's (default -1: off)")
+    sampling = _RUN.rollout_sampling
+    parser.add_argument("--rollout-temperature", type=float, help=f"run (default {sampling.temperature})")
+    parser.add_argument("--rollout-top-p", type=float, help=f"run (default {sampling.top_p})")
+    parser.add_argument("--rollout-top-k", type=int, help=f"run (default {sampling.top_k}: off)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -242,29 +283,59 @@ def read_key(key_file: Path | None) -> str:
     return key
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
-    from pydantic import SecretStr, ValidationError
-
-    from asyncrl.gateway.stopping import StoppingServer
-
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+def read_run(path: Path) -> AsyncTrainingRun:
+    """The run of `--config`, validated as the API server and the trainer validate it; a clear error else."""
     try:
-        config = GatewayConfig(
+        manifest = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise SystemExit(f"asyncrl gateway: cannot read --config {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise SystemExit(f"asyncrl gateway: --config {path} is not valid YAML: {error}") from error
+    try:
+        return load_run(manifest)
+    except InvalidRunError as error:
+        raise SystemExit(f"asyncrl gateway: {path}: {error}") from error
+
+
+def run_settings_of(args: argparse.Namespace) -> GatewayRunSettings:
+    """The run's settings: from --config (and no run flag beside it), else the standalone defaults with the
+    run flags given."""
+    given = {dest: getattr(args, dest) for dest in RUN_FLAGS if getattr(args, dest) is not None}
+    if args.config is not None:
+        if given:
+            flags = ", ".join("--" + dest.replace("_", "-") for dest in given)
+            raise SystemExit(
+                f"asyncrl gateway: {flags}: set by the run given with --config {args.config}; change it in "
+                "the run (spec.gateway, spec.model) or run the gateway without --config"
+            )
+        return run_settings(read_run(args.config).spec)
+    if "model" not in given:
+        raise SystemExit("asyncrl gateway: give --config RUN.yaml (the run's settings) or --model")
+    settings: dict[str, Any] = standalone_defaults(model=given["model"]).model_dump()
+    for dest, value in given.items():
+        *parents, field = RUN_FLAGS[dest].split(".")
+        target = settings
+        for parent in parents:
+            target = target[parent]
+        target[field] = _FROM_FLAG[dest](value) if dest in _FROM_FLAG else value
+    try:
+        return GatewayRunSettings.model_validate(settings)
+    except ValidationError as error:
+        raise SystemExit(f"asyncrl gateway: invalid configuration: {_problems(error)}") from error
+
+
+def gateway_config(args: argparse.Namespace, *, key: str) -> GatewayConfig:
+    """The gateway's configuration from its parsed command line (and the run file it names)."""
+    settings = run_settings_of(args)
+    try:
+        return GatewayConfig(
             upstreams=tuple(args.upstream or ()),
-            model=args.model,
-            key=SecretStr(read_key(args.key_file)),
-            retry_after_seconds=args.retry_after_seconds,
-            pause_mode=PauseMode.from_flag(args.pause_mode),
-            hold_timeout_seconds=args.hold_timeout_seconds,
-            max_held_calls=args.max_held_calls,
+            run=settings,
+            key=SecretStr(key),
             upstream_timeout_seconds=args.upstream_timeout_seconds,
             max_body_bytes=args.max_body_bytes,
             max_json_depth=args.max_json_depth,
             max_event_bytes=args.max_event_bytes,
-            capture=CaptureMode.from_flag(args.capture),
-            max_capture_bytes_per_rollout=args.max_capture_bytes_per_rollout,
-            max_capture_bytes=args.max_capture_bytes,
             body_timeout_seconds=args.body_timeout_seconds,
             agent_budget=AgentBudget(
                 max_requests=args.agent_max_requests,
@@ -277,14 +348,18 @@ def run(args: argparse.Namespace) -> int:
                 unproven_idle_timeout_seconds=args.unproven_idle_timeout_seconds,
                 max_connections=args.max_connections,
             ),
-            sampling_params=SamplingParamsPolicy.from_flag(args.sampling_params),
-            rollout_sampling=RolloutSampling(
-                temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k
-            ),
         )
     except ValidationError as error:
-        problems = "; ".join(f"{_flag_of(e['loc'])}: {e['msg']}" for e in error.errors())
-        raise SystemExit(f"asyncrl gateway: invalid configuration: {problems}") from error
+        raise SystemExit(f"asyncrl gateway: invalid configuration: {_problems(error)}") from error
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from asyncrl.gateway.stopping import StoppingServer
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = gateway_config(args, key=read_key(args.key_file))
     gateway = build_gateway(config)
     # Start-up objects never die; freezing them and collecting less often took the collector from 15-18 %
     # of the gateway's CPU to about 1 % and halved the proxy's p99 at 64 clients (benchmarks/README.md).
@@ -309,8 +384,8 @@ def run(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         upstreams,
-        config.model,
-        config.pause_mode.value,
+        config.run.model,
+        config.run.pause_mode.value,
     )
     server = StoppingServer(
         uvicorn.Config(
@@ -346,9 +421,15 @@ def _file_descriptor_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
+def _problems(error: ValidationError) -> str:
+    return "; ".join(f"{_flag_of(e['loc'])}: {e['msg']}" for e in error.errors())
+
+
 def _flag_of(loc: tuple[int | str, ...]) -> str:
     """The flag that set a configuration field (`max_json_depth` → `--max-json-depth`)."""
     field = str(loc[0])
+    if field == "rollout_sampling" and len(loc) > 1:
+        field, loc = f"rollout_{loc[1]}", loc[1:]
     if field == "key":
         return f"the key (--key-file or {KEY_ENV_VAR})"
     if field == "agent_budget" and len(loc) > 1:

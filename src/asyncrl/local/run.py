@@ -196,6 +196,19 @@ async def _final_stats(client: GatewayClient, tally: RunTally) -> None:
         tally.record_stats(await asyncio.wait_for(client.stats(), timeout=5.0))
 
 
+def gateway_command(run_file: Path, *, port: int) -> list[str]:
+    """The gateway's process: the run's settings from `run_file` (the trainer's --config too). No upstream:
+    the trainer registers its inference servers when they are up (verl's vLLM replicas pick their ports)."""
+    return [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "gateway",
+        *gateway_args(config=run_file, port=port),
+        "--log-level=warning",
+    ]
+
+
 async def run_locally(args: argparse.Namespace) -> int:
     manifest, run = load_manifest(args.manifest)
     template = template_of(run, args.manifest)
@@ -215,13 +228,8 @@ async def run_locally(args: argparse.Namespace) -> int:
     env = {**os.environ, KEY_ENV_VAR: key, "PYTHONUNBUFFERED": "1", RUN_MARKER_ENV_VAR: str(work_dir)}
     os.environ[RUN_MARKER_ENV_VAR] = str(work_dir)  # agents inherit this process's environment
     cli = [sys.executable, "-m", "asyncrl.cli"]
-    # The trainer registers its inference servers with the gateway when they are up (verl's vLLM replicas
-    # pick their own ports), so the gateway starts without an upstream.
     gateway = _Process(
-        "gateway",
-        [*cli, "gateway", *gateway_args(run.spec, port=gateway_port), "--log-level=warning"],
-        env,
-        work_dir / "gateway.log",
+        "gateway", gateway_command(work_dir / "run.yaml", port=gateway_port), env, work_dir / "gateway.log"
     )
     checkpoint_dir = work_dir / "checkpoints"
     trainer_argv = [

@@ -1,7 +1,7 @@
 """The child objects of a run, built as plain manifests from its spec (pure; the reconciler creates them).
 
 - the gateway key Secret (only when the user gave none),
-- a ConfigMap with the run (what the trainer reads) and the agent template,
+- a ConfigMap with the run (what the trainer and the gateway read) and the agent template,
 - the trainer Job: one pod; the trainer container holds the GPUs, the gateway runs as a native sidecar (an
   init container with `restartPolicy: Always`), so it outlives a trainer-container restart,
 - the gateway Service that agents and the operator use.
@@ -84,7 +84,8 @@ def gateway_key_secret(run: Mapping[str, Any], key: str | None = None) -> JSON:
 
 
 def config_map(run: Mapping[str, Any], template_source: str | None) -> JSON:
-    """The run as the trainer reads it (name, namespace, uid, spec) and, when inline, the agent template."""
+    """The run as the trainer and the gateway read it (name, namespace, uid, spec) and, when inline, the agent
+    template."""
     document = {
         "apiVersion": run["apiVersion"],
         "kind": run["kind"],
@@ -163,12 +164,17 @@ def trainer_job_with_template(
         "image": spec.gateway.image,
         "restartPolicy": "Always",  # a native sidecar: starts first, keeps running, stops after the trainer
         "command": ["asyncrl", "gateway"],
-        "args": gateway_args(spec, port=port, host="0.0.0.0", key_file=f"{KEY_DIR}/{secret_key}"),
+        "args": gateway_args(
+            config=f"{CONFIG_DIR}/{RUN_FILE}", port=port, host="0.0.0.0", key_file=f"{KEY_DIR}/{secret_key}"
+        ),
         "ports": [{"name": "gateway", "containerPort": port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"}, "periodSeconds": 2},
         "resources": container_resources(spec.gateway.resources),
         "securityContext": dict(RESTRICTED_SECURITY_CONTEXT),
-        "volumeMounts": [{"name": "gateway-key", "mountPath": KEY_DIR, "readOnly": True}],
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},  # the run, as the trainer reads it
+            {"name": "gateway-key", "mountPath": KEY_DIR, "readOnly": True},
+        ],
     }
     env: list[JSON] = [
         {
