@@ -43,6 +43,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_smoke_check.py, beside this file
 from gpu_smoke_check import read_metrics, verdict
 
+from asyncrl import metric_names as names
+
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart-local.yaml"
 
@@ -59,7 +61,7 @@ SIX = tuple(
         "proxy_aborted_calls",
     )
 )
-TIMES = ("timing/step_seconds", "training/update/seconds", "training/reward_mean")
+TIMES = (names.STEP_SECONDS, names.UPDATE + "seconds", names.SCORE_MEAN)
 
 
 def make_model(directory: Path) -> None:
@@ -175,8 +177,8 @@ def tail(path: Path, lines: int = 40) -> str:
 
 def report(metrics_file: Path) -> int:
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    names = [name.rsplit("/", 1)[-1] for name in SIX + TIMES]
-    print("\nstep  " + "  ".join(names))
+    labels = [name.rsplit("/", 1)[-1] for name in SIX] + list(TIMES)  # verl's names read whole
+    print("\nstep  " + "  ".join(labels))
     for row in rows:
         values = [row.get(name) for name in SIX + TIMES]
         cells = [
@@ -185,7 +187,7 @@ def report(metrics_file: Path) -> int:
         ]
         print(
             f"{row.get('step', '?'):>4}  "
-            + "  ".join(f"{cell:>{len(name)}}" for cell, name in zip(cells, names, strict=True))
+            + "  ".join(f"{cell:>{len(name)}}" for cell, name in zip(cells, labels, strict=True))
         )
     return len(rows)
 

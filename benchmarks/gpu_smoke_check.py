@@ -6,8 +6,9 @@ start-up weights while the actor trains. This reads the trainer's metrics file (
 `asyncrl.trainer.metrics.JsonLinesSink`) and its log, and fails unless, for every step:
 
 - it appears once, steps are 0..N-1, and `model_version` is step + 1 (it advanced once per step);
-- it trained rows (`training/update/rows` > 0), with a finite loss and grad norm;
-- rollout correction ran (`training/update/importance_weight_mean` present);
+- it trained rows (`training/update/rows` > 0), with a finite loss and grad norm (`actor/pg_loss`,
+  `actor/grad_norm`);
+- rollout correction ran (verl's `rollout_corr/rollout_is_mean` present);
 - vLLM's log-probs match the actor's (`training/rollout_probs_diff_valid` 1, mean probability gap at most
   MAX_PROBS_DIFF_MEAN and Pearson correlation at least MIN_PEARSON: with dummy weights they disagree);
 - no model call was dropped for missing token ids or log-probs (the capture path works);
@@ -28,9 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl import metric_names as names
+
 MAX_PROBS_DIFF_MEAN = 0.05
 MIN_PEARSON = 0.9
 TRAINER_START_MARKER = "asyncrl.trainer.main preflight:"  # logged once per trainer start
+IMPORTANCE_WEIGHT_MEAN = "rollout_corr/rollout_is_mean"  # verl's rollout-correction helper names it
 DROPPED = (
     "training/adapter/dropped_calls_without_tokens",
     "training/adapter/dropped_calls_without_logprobs",
@@ -38,9 +42,9 @@ DROPPED = (
 SHOWN = (
     ("rows", "training/update/rows"),
     ("version", "training/update/model_version"),
-    ("loss", "training/update/loss"),
-    ("grad_norm", "training/update/grad_norm"),
-    ("is_mean", "training/update/importance_weight_mean"),
+    ("loss", names.ACTOR_PG_LOSS),
+    ("grad_norm", names.ACTOR_GRAD_NORM),
+    ("is_mean", IMPORTANCE_WEIGHT_MEAN),
     ("probs_diff", "training/rollout_probs_diff_mean"),
     ("pearson", "training/rollout_actor_probs_pearson_corr"),
 )
@@ -75,12 +79,12 @@ def step_problems(row: dict[str, Any]) -> list[str]:
         problems.append(
             f"{where}: model_version is {row.get('training/update/model_version')}, expected {step + 1}"
         )
-    for name in ("training/update/loss", "training/update/grad_norm"):
+    for name in (names.ACTOR_PG_LOSS, names.ACTOR_GRAD_NORM):
         value = row.get(name)
         if not isinstance(value, int | float) or not math.isfinite(value):
             problems.append(f"{where}: {name} is missing or not finite")
-    if "training/update/importance_weight_mean" not in row:
-        problems.append(f"{where}: no rollout-correction metrics (training/update/importance_weight_mean)")
+    if IMPORTANCE_WEIGHT_MEAN not in row:
+        problems.append(f"{where}: no rollout-correction metrics ({IMPORTANCE_WEIGHT_MEAN})")
     if row.get("training/rollout_probs_diff_valid") != 1:
         problems.append(f"{where}: no rollout-vs-actor comparison (training/rollout_probs_diff_valid)")
     else:

@@ -52,6 +52,7 @@ from typing import Any
 import httpx
 import yaml
 
+from asyncrl import metric_names as names
 from asyncrl.gateway.config import KEY_ENV_VAR
 from asyncrl.launch.processes import free_port
 
@@ -194,8 +195,8 @@ def parse_metrics_line(line: str, seen_at: float) -> StepRecord | None:
         return StepRecord(
             step=int(record["step"]),
             seen_at=seen_at,
-            step_seconds=float(record["timing/step_seconds"]),
-            update_seconds=float(record["timing/update_phase_seconds"]),
+            step_seconds=float(record[names.STEP_SECONDS]),
+            update_seconds=float(record[names.UPDATE_PHASE_SECONDS]),
         )
     except (ValueError, KeyError, TypeError):
         return None

@@ -45,6 +45,28 @@ def test_a_metric_a_step_lacks_is_a_gap_not_a_zero() -> None:
     assert math.isnan(curves.series[CARRY_OVER_AGE_MAX][1])
 
 
+def test_a_file_written_before_the_rename_to_verls_names_still_plots(tmp_path: Path) -> None:
+    old = [
+        {"step": step, "training/reward_mean": step / 10, "timing/step_seconds": 2.0 + step}
+        | {"training/async/new_carry_over_age_max_steps": 1, "timing/update_phase_seconds": 0.5}
+        for step in range(3)
+    ]
+    curves = read_curves([json.dumps(line) for line in old])
+    assert curves.series[REWARD] == (0.0, 0.1, 0.2)  # critic/score/mean, read from training/reward_mean
+    assert curves.series[STEP_SECONDS] == (2.0, 3.0, 4.0)  # timing_s/step, from timing/step_seconds
+    assert curves.series[CARRY_OVER_AGE_MAX] == (1, 1, 1)
+    metrics = tmp_path / "old.jsonl"
+    metrics.write_text("\n".join(json.dumps(line) for line in old))
+    done = _plot(str(metrics))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "old.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_a_current_name_wins_over_an_old_one_in_the_same_line() -> None:
+    line = json.dumps({"step": 0, "training/reward_mean": 0.1, REWARD: 0.7})
+    assert read_curves([line]).series[REWARD] == (0.7,)
+
+
 def test_a_file_without_step_records_names_itself_and_what_was_expected() -> None:
     with pytest.raises(PlotError, match=r"run\.jsonl has no step records .*--metrics-file"):
         read_curves(["not json", '{"loss": 1}'], source="run.jsonl")

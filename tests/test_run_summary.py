@@ -24,10 +24,10 @@ RUN = {
 
 def test_the_trainers_latest_step_is_shown_from_its_registrys_text() -> None:
     sink = PrometheusSink()
-    sink.log(4, {"training/reward_mean": 0.625, "timing/step_seconds": 12.5, "training/adapter/rows": 8.0})
+    sink.log(4, {"critic/score/mean": 0.625, "timing_s/step": 12.5, "training/adapter/rows": 8.0})
     sink.holding_pause.set(0)
     gauges = parse_gauges(generate_latest(sink.registry).decode())
-    assert gauges["asyncrl_training_reward_mean"] == 0.625
+    assert gauges["asyncrl_critic_score_mean"] == 0.625
     trainer = TrainerMetrics(gauges=gauges, source="service demo-gateway")
     lines = summary_lines(RUN, events=[], trainer=trainer, now=NOW)
     assert "step:           4 (status.step); spec.totalSteps: 10" in lines
@@ -35,9 +35,25 @@ def test_the_trainers_latest_step_is_shown_from_its_registrys_text() -> None:
     assert "  activeGroups: 3" in lines
     assert "trainer metrics (service demo-gateway):" in lines
     assert "  asyncrl_trainer_step: 4" in lines
-    assert "  asyncrl_training_reward_mean: 0.625" in lines
-    assert "  asyncrl_timing_step_seconds: 12.5" in lines
+    assert "  asyncrl_critic_score_mean: 0.625" in lines
+    assert "  asyncrl_timing_s_step: 12.5" in lines
     assert not any("adapter_rows" in line for line in lines)  # only the gauges worth a glance
+
+
+def test_a_trainer_from_before_the_rename_is_shown_under_the_current_names() -> None:
+    old_trainer = "\n".join(
+        f"# TYPE {name} gauge\n{name} {value}"
+        for name, value in (
+            ("asyncrl_training_reward_mean", 0.25),
+            ("asyncrl_timing_step_seconds", 3.5),
+            ("asyncrl_training_update_loss", -0.5),
+        )
+    )
+    gauges = parse_gauges(old_trainer + "\n")
+    lines = summary_lines(RUN, events=[], trainer=TrainerMetrics(gauges=gauges, source="s"), now=NOW)
+    assert "  asyncrl_critic_score_mean: 0.25" in lines
+    assert "  asyncrl_timing_s_step: 3.5" in lines
+    assert "  asyncrl_actor_pg_loss: -0.5" in lines
 
 
 def test_a_trainer_without_a_step_and_an_unreachable_one_are_told_apart() -> None:

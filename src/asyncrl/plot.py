@@ -4,7 +4,8 @@ Three panels over the training step, read from the trainer's `--metrics-file` (o
 the mean reward; the carry-over (rollouts carried into the next step, and the oldest carried group's age in
 steps); and the step time (the whole step, and its update phase). Reading is pure (`read_curves`) and
 forgiving where a live or crashed run leaves a file: a line cut short is skipped and counted, a step logged
-twice keeps its last line. Drawing needs matplotlib (the `plot` extra), imported only here.
+twice keeps its last line, and a file written before the metrics took verl's names is read under the old
+names (`asyncrl.metric_names.READ_ALIASES`). Drawing needs matplotlib (the `plot` extra), imported only here.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REWARD = "training/reward_mean"
-CARRY_OVER_ROLLOUTS = "training/async/n_new_carry_over_rollouts"
-CARRY_OVER_AGE_MAX = "training/async/new_carry_over_age_max_steps"
-STEP_SECONDS = "timing/step_seconds"
-UPDATE_SECONDS = "timing/update_phase_seconds"
+from asyncrl import metric_names as names
+
+REWARD = names.SCORE_MEAN
+CARRY_OVER_ROLLOUTS = names.CARRY_OVER_ROLLOUTS
+CARRY_OVER_AGE_MAX = names.CARRY_OVER_AGE_MAX
+STEP_SECONDS = names.STEP_SECONDS
+UPDATE_SECONDS = names.UPDATE_PHASE_SECONDS
 PLOTTED = (REWARD, CARRY_OVER_ROLLOUTS, CARRY_OVER_AGE_MAX, STEP_SECONDS, UPDATE_SECONDS)
 
 
@@ -61,7 +64,9 @@ def read_curves(lines: Iterable[str], *, source: str = "the metrics file") -> Cu
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             skipped += 1
             continue
-        records[step] = record  # a step logged twice (a restarted trainer redid it): the last line wins
+        # A step logged twice (a restarted trainer redid it): the last line wins. A file written before the
+        # rename to verl's names is read through the alias table (`timing/step_seconds` as `timing_s/step`).
+        records[step] = names.with_current_names(record)
     if not records:
         raise PlotError(
             f"{source} has no step records (expected one JSON object with an integer `step` per line, as "

@@ -15,6 +15,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from asyncrl import metric_names as names
+from asyncrl.metric_names import prometheus_name
+
 # Shown on their own lines; every other scalar status field goes under "last step".
 _HEADLINE_FIELDS = (
     "phase",
@@ -28,17 +31,24 @@ _HEADLINE_FIELDS = (
 # The trainer gauges worth a glance (docs/metrics.md names each); the rest stay on its /metrics.
 TRAINER_GAUGES = (
     "asyncrl_trainer_step",
-    "asyncrl_training_reward_mean",
-    "asyncrl_timing_step_seconds",
-    "asyncrl_timing_update_phase_seconds",
-    "asyncrl_training_async_n_completed_rollouts",
-    "asyncrl_training_async_n_failed_rollouts_consumed",
-    "asyncrl_training_async_n_new_carry_over_rollouts",
-    "asyncrl_training_async_new_carry_over_age_max_steps",
-    "asyncrl_training_async_proxy_drain_seconds",
-    "asyncrl_training_update_loss",
+    *(
+        prometheus_name(metric)
+        for metric in (
+            names.SCORE_MEAN,
+            names.STEP_SECONDS,
+            names.UPDATE_PHASE_SECONDS,
+            names.COMPLETED_ROLLOUTS,
+            names.FAILED_ROLLOUTS_CONSUMED,
+            names.CARRY_OVER_ROLLOUTS,
+            names.CARRY_OVER_AGE_MAX,
+            names.DRAIN_SECONDS,
+            names.ACTOR_PG_LOSS,
+        )
+    ),
     "asyncrl_trainer_holding_pause",
 )
+# A trainer from before the rename to verl's names exports the old gauge names: shown under the new ones.
+_GAUGE_ALIASES = {prometheus_name(old): prometheus_name(new) for old, new in names.READ_ALIASES.items()}
 
 
 @dataclass(frozen=True)
@@ -62,13 +72,18 @@ class TrainerMetrics:
 
 
 def parse_gauges(exposition: str) -> dict[str, float]:
-    """Every unlabelled sample of a Prometheus text exposition, by name."""
-    return {
+    """Every unlabelled sample of a Prometheus text exposition, by name; an older trainer's gauge also under
+    its current name (`asyncrl_training_reward_mean` as `asyncrl_critic_score_mean`)."""
+    gauges = {
         sample.name: float(sample.value)
         for family in text_string_to_metric_families(exposition)
         for sample in family.samples
         if not sample.labels
     }
+    for old, new in _GAUGE_ALIASES.items():
+        if old in gauges and new not in gauges:
+            gauges[new] = gauges[old]
+    return gauges
 
 
 def _ago(moment: str, now: datetime) -> str:

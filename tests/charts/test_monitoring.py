@@ -384,7 +384,7 @@ def test_every_metric_in_the_rules_and_the_dashboard_is_exported_by_a_component(
         | exported_names(real_run.trainer)
         | exported_names(_operator_exposition())
     )
-    assert "asyncrl_training_reward_mean" in exported  # the scrape of the real step loop is there
+    assert "asyncrl_critic_score_mean" in exported  # the scrape of the real step loop is there
     expressions = _expressions(documents(render(helm, helm_env, **ALL_ON)))
     assert len(expressions) >= 15
     missing = {where: sorted(metric_names(expr) - exported) for where, expr in expressions.items()}

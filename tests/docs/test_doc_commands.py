@@ -40,8 +40,8 @@ FENCE = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 METRICS = "\n".join(
-    f'{{"step": {step}, "training/reward_mean": {step / 10}, "training/async/n_new_carry_over_rollouts": 4, '
-    f'"training/async/new_carry_over_age_max_steps": 1, "timing/step_seconds": 2.0}}'
+    f'{{"step": {step}, "critic/score/mean": {step / 10}, "training/async/n_new_carry_over_rollouts": 4, '
+    f'"training/async/new_carry_over_age_max_steps": 1, "timing_s/step": 2.0}}'
     for step in range(4)
 )
 

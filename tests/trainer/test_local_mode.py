@@ -124,7 +124,7 @@ def test_local_run_trains_asynchronously_and_logs_the_seed_metrics(tmp_path: Pat
         assert row["training/async/n_completed_rollouts"] == 4  # trainBatchSize 2 groups x n 2
         assert "timing/rollout_queue_wait_seconds_mean" in row
         assert "timing/rollout_run_seconds_max" in row
-        assert "training/update/loss" in row
+        assert "actor/pg_loss" in row
         # verl's length summary of the update's rows
         assert row["response_length/min"] <= row["response_length/mean"] <= row["response_length/max"]
         assert row["response_length/max"] > 0
@@ -152,7 +152,7 @@ def test_the_toy_agent_switched_to_streaming_is_trained_on_its_streamed_calls(tm
     steps = _metrics(tmp_path, kept)
     assert [row["step"] for row in steps] == [0, 1]
     for row in steps:
-        assert "training/update/loss" in row
+        assert "actor/pg_loss" in row
         assert row["training/adapter/rows"] > 0  # rows built from the captured streamed calls
         assert row["training/adapter/dropped_calls_without_tokens"] == 0
         assert row["training/adapter/dropped_calls_without_logprobs"] == 0

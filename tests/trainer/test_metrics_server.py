@@ -41,7 +41,7 @@ def test_the_history_is_the_metrics_file_and_metrics_stay_prometheus(
         assert "no step has finished yet" in missing.text
         lines = JsonLinesSink(history)
         for step in range(3):
-            metrics = {"training/reward_mean": step / 4, "timing/step_seconds": 1.5}
+            metrics = {"critic/score/mean": step / 4, "timing_s/step": 1.5}
             lines.log(step, metrics)
             sink.log(step, metrics)
         lines.close()
@@ -52,7 +52,7 @@ def test_the_history_is_the_metrics_file_and_metrics_stay_prometheus(
         assert served.text == history.read_text()
         scrape = httpx.get(url + "/metrics")
         assert scrape.status_code == 200
-        assert "asyncrl_training_reward_mean 0.5" in scrape.text
+        assert "asyncrl_critic_score_mean 0.5" in scrape.text
 
 
 def test_a_trainer_without_a_metrics_file_says_why(sink: PrometheusSink) -> None:

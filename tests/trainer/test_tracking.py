@@ -19,19 +19,19 @@ from tests.support.wandb_log import history
 REPO = Path(__file__).resolve().parents[2]
 STEPS = [
     {
-        "training/reward_mean": 0.25,
+        "critic/score/mean": 0.25,
         "training/async/n_new_carry_over_rollouts": 2.0,
-        "timing/step_seconds": 1.5,
+        "timing_s/step": 1.5,
     },
     {
-        "training/reward_mean": 0.5,
+        "critic/score/mean": 0.5,
         "training/async/n_new_carry_over_rollouts": 0.0,
-        "timing/step_seconds": 1.25,
+        "timing_s/step": 1.25,
     },
     {
-        "training/reward_mean": 0.75,
+        "critic/score/mean": 0.75,
         "training/async/n_new_carry_over_rollouts": 4.0,
-        "timing/step_seconds": 1.0,
+        "timing_s/step": 1.0,
     },
 ]
 
@@ -84,7 +84,7 @@ def test_every_step_reaches_json_lines_wandb_tensorboard_and_prometheus_alike(
     scalars = _tensorboard_scalars(tmp_path / "wandb-runs" / "tensorboard")
     for key in STEPS[0]:
         assert scalars[key] == [(step, pytest.approx(metrics[key])) for step, metrics in enumerate(STEPS)]
-    assert "asyncrl_training_reward_mean 0.75" in scraped
+    assert "asyncrl_critic_score_mean 0.75" in scraped
     assert "asyncrl_trainer_step 2.0" in scraped
 
 
@@ -97,9 +97,7 @@ def test_disabled_wandb_still_writes_tensorboard_and_leaves_no_wandb_run(
     sinks.log(0, STEPS[0])
     sinks.close()
     assert not (tmp_path / "wandb-runs" / "wandb").exists()
-    assert _tensorboard_scalars(tmp_path / "wandb-runs" / "tensorboard")["training/reward_mean"] == [
-        (0, 0.25)
-    ]
+    assert _tensorboard_scalars(tmp_path / "wandb-runs" / "tensorboard")["critic/score/mean"] == [(0, 0.25)]
 
 
 class _BrokenSink(JsonLinesSink):

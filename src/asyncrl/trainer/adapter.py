@@ -41,6 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from asyncrl import metric_names as names
 from asyncrl.api.types.spec import SampleLevel
 from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.rollouts import RolloutState
@@ -116,7 +117,7 @@ class AdapterCounts:
 
     def metrics(self) -> dict[str, float]:
         """The counts under `training/adapter/` names, for W&B and Prometheus."""
-        return {f"training/adapter/{f.name}": float(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {names.ADAPTER + f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from asyncrl import metric_names as names
 from asyncrl.trainer.metrics import spread
 from asyncrl.trainer.rows import TrainingRow
 
@@ -22,7 +23,7 @@ def length_metrics(rows: Sequence[TrainingRow]) -> dict[str, float]:
     responses = [float(len(row.response_token_ids)) for row in rows]
     prompts = [float(len(row.prompt_token_ids)) for row in rows]
     return {
-        **spread("response_length", responses, separator="/"),
-        "response_length/clip_ratio": sum(row.truncated for row in rows) / len(rows),
-        **spread("prompt_length", prompts, separator="/"),
+        **spread(names.RESPONSE_LENGTH, responses, separator="/"),
+        names.RESPONSE_LENGTH_CLIP_RATIO: sum(row.truncated for row in rows) / len(rows),
+        **spread(names.PROMPT_LENGTH, prompts, separator="/"),
     }

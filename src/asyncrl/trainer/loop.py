@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from asyncrl import metric_names as names
 from asyncrl.gateway.client import GatewayError, PauseResult
 from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, GatewayStats, RolloutCreate
 from asyncrl.pausing import DrainPolicy
@@ -338,7 +339,8 @@ class StepLoop:
             aborted_calls=drain.aborted,
         )
         consumed_ids = [rollout_id for group in batch.consumed for rollout_id in group.rollout_ids]
-        reward_mean = _mean([row.reward for row in prepared.rows])
+        rewards = [row.reward for row in prepared.rows]
+        reward_mean = _mean(rewards)
         metrics = {
             **summary.metrics(),
             **self._timing_metrics(consumed_ids),
@@ -346,10 +348,11 @@ class StepLoop:
             **length_metrics(prepared.rows),
             **self._prefetch_metrics(),
             **(update.as_dict() if update is not None else {}),
-            "training/reward_mean": reward_mean,
-            "timing/step_seconds": time.monotonic() - started,
-            "timing/update_phase_seconds": time.monotonic() - prepared.wait_started,
-            "timing/pause_to_update_seconds": update_started - prepared.wait_started,
+            **spread(names.SCORE, rewards, separator="/"),
+            names.SCORE_MEAN: reward_mean,  # 0.0 when there are no rows (then without max and min)
+            names.STEP_SECONDS: time.monotonic() - started,
+            names.UPDATE_PHASE_SECONDS: time.monotonic() - prepared.wait_started,
+            names.PAUSE_TO_UPDATE_SECONDS: update_started - prepared.wait_started,
         }
         # Logged before the checkpoint: a crash in between redoes the step, and the restart drops its line.
         self.sinks.log(step, metrics)
@@ -365,7 +368,7 @@ class StepLoop:
                 summary.window_summary(
                     active_groups=len(window.active_groups),
                     reward_mean=reward_mean,
-                    step_seconds=metrics["timing/step_seconds"],
+                    step_seconds=metrics[names.STEP_SECONDS],
                     total_steps=self.settings.total_steps,
                 )
             )
@@ -379,13 +382,13 @@ class StepLoop:
             "step %d: reward %.3f, completed %d, carried %d (max age %d), drain %.3fs (%d aborted), "
             "step %.1fs",
             step,
-            metrics["training/reward_mean"],
+            reward_mean,
             summary.n_completed_rollouts,
             summary.n_new_carry_over_rollouts,
             summary.new_carry_over_age_max_steps,
             summary.proxy_drain_seconds,
             summary.proxy_aborted_calls,
-            metrics["timing/step_seconds"],
+            metrics[names.STEP_SECONDS],
         )
         # Which groups this update trained, so a run's log shows any group trained twice (benchmarks/soak.py).
         logger.info("step %d: trained groups %s", step, " ".join(group.group_id for group in batch.consumed))
@@ -641,8 +644,8 @@ class StepLoop:
         waits = [e.queue_wait_seconds for e in entries if e.queue_wait_seconds is not None]
         runs = [e.run_seconds for e in entries if e.run_seconds is not None]
         return {
-            **spread("timing/rollout_queue_wait_seconds", waits),
-            **spread("timing/rollout_run_seconds", runs),
+            **spread(names.ROLLOUT_QUEUE_WAIT_SECONDS, waits),
+            **spread(names.ROLLOUT_RUN_SECONDS, runs),
         }
 
 

@@ -1,7 +1,8 @@
 """Where a step's metrics go: one tracking layer writing JSON lines, Prometheus, W&B and TensorBoard.
 
-Every step produces one flat dict keyed by metric name (`training/async/*`, `timing/rollout_*`,
-`training/update/*`, ...). The sinks only write it; what is measured is decided by the step loop.
+Every step produces one flat dict keyed by metric name: verl's where verl has the quantity
+(`critic/score/mean`, `actor/pg_loss`, ...), else asyncrl's (`training/async/*`, `timing/*`, ...);
+`asyncrl.metric_names` holds them. The sinks only write it; what is measured is decided by the step loop.
 
 W&B and TensorBoard go through verl's own `verl.utils.tracking.Tracking` (the trainer already depends on
 verl; a verl user finds the same runs and names there). Two sinks stay ours, for reasons verl's backends
@@ -17,13 +18,14 @@ import json
 import logging
 import math
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Gauge
+
+from asyncrl.metric_names import prometheus_name
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +120,7 @@ class PrometheusSink:
 
     @staticmethod
     def name_of(metric: str) -> str:
-        return "asyncrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", metric)
+        return prometheus_name(metric)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for metric, value in {"trainer/step": float(step), **metrics}.items():

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from asyncrl import metric_names as names
 from asyncrl.gateway.client import GatewayError
 from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES
@@ -157,10 +158,10 @@ class PrefetchTotals:
 
     def metrics(self) -> dict[str, float]:
         return {
-            "training/prefetch/rollouts_prepared_ahead": float(self.rollouts_prepared_ahead),
-            "training/prefetch/rollouts_fetched_at_pause": float(self.rollouts_fetched_at_pause),
-            "training/prefetch/requests": float(self.requests),
-            "training/prefetch/bytes_fetched": float(self.bytes_fetched),
+            names.PREFETCH + "rollouts_prepared_ahead": float(self.rollouts_prepared_ahead),
+            names.PREFETCH + "rollouts_fetched_at_pause": float(self.rollouts_fetched_at_pause),
+            names.PREFETCH + "requests": float(self.requests),
+            names.PREFETCH + "bytes_fetched": float(self.bytes_fetched),
         }
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from asyncrl import metric_names as names
 from asyncrl.rollouts import RolloutState
 from asyncrl.window_config import StalenessPolicy, WindowConfig
 from asyncrl.window_summary import WindowSummary
@@ -150,7 +151,7 @@ class StepSummary:
             "n_stale_groups_kept": self.n_stale_groups_kept,
             "n_failed_rollouts_consumed": self.n_failed_rollouts_consumed,
         }
-        return {f"training/async/{name}": float(value) for name, value in values.items()}
+        return {names.ASYNC + name: float(value) for name, value in values.items()}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -63,7 +63,7 @@ def test_a_good_run_passes_and_prints_what_was_checked_per_step() -> None:
     [
         ("no_rows", "step 1: trained no rows"),
         ("version_not_advanced", "step 2: model_version is 2.0, expected 3"),
-        ("loss_not_finite", "step 1: training/update/loss is missing or not finite"),
+        ("loss_not_finite", "step 1: actor/pg_loss is missing or not finite"),
         ("no_rollout_correction", "step 0: no rollout-correction metrics"),
         ("dummy_weights", "is vLLM serving the trained weights?"),
         ("dropped_calls", "step 0: training/adapter/dropped_calls_without_tokens = 16.0"),

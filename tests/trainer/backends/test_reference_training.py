@@ -184,7 +184,7 @@ def test_update_metrics_count_rows_tokens_and_rewards() -> None:
     assert (metrics.step, metrics.model_version, backend.model_version) == (4, 5, 5)
     assert (metrics.rows, metrics.trained_tokens, metrics.total_tokens) == (2, 3, 8)
     assert (metrics.reward_mean, metrics.reward_std) == (0.5, 0.5)
-    assert metrics.as_dict()["training/update/loss"] == metrics.loss
+    assert metrics.as_dict()["actor/pg_loss"] == metrics.loss
     assert "rollout_corr/kl" in metrics.as_dict()
 
 

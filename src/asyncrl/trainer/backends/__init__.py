@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from asyncrl import metric_names as names
 from asyncrl.trainer.rows import TrainingRow
 
 
@@ -58,31 +59,29 @@ class UpdateMetrics:
     importance_weight_min: float | None = None
     extra: Mapping[str, float] = field(default_factory=dict)  # the algorithm library's own metrics, verbatim
 
-    def as_dict(self, prefix: str = "training/update/") -> dict[str, float]:
-        """Flat metric names for W&B and Prometheus; `extra` keeps its own names (e.g. `rollout_corr/...`)."""
-        values: dict[str, float] = {}
-        for name in (
-            "step",
-            "model_version",
-            "loss",
-            "grad_norm",
-            "reward_mean",
-            "reward_std",
-            "rows",
-            "trained_tokens",
-            "total_tokens",
-            "seconds",
-            "tokens_per_second",
-            "clip_fraction",
-            "ppo_kl",
-            "importance_weight_mean",
-            "importance_weight_max",
-            "importance_weight_min",
-        ):
-            value = getattr(self, name)
-            if value is not None:
-                values[prefix + name] = float(value)
-        values.update(self.extra)
+    def as_dict(self) -> dict[str, float]:
+        """Flat metric names for W&B and Prometheus: verl's where verl logs the same quantity
+        (`actor/pg_loss`, ...), else `training/update/*`; `extra` keeps its own names (`rollout_corr/...`,
+        verl's `actor/...`).
+
+        Not logged here: `reward_mean` (the step loop logs it over the same rows as `critic/score/mean`) and
+        the importance weights (verl's `rollout_corr/rollout_is_*` in `extra` are the same weights).
+        """
+        values: dict[str, float] = {
+            names.UPDATE + "step": float(self.step),
+            names.UPDATE + "model_version": float(self.model_version),
+            names.ACTOR_PG_LOSS: float(self.loss),
+            names.ACTOR_GRAD_NORM: float(self.grad_norm),
+            names.UPDATE + "reward_std": float(self.reward_std),
+            names.UPDATE + "rows": float(self.rows),
+            names.UPDATE + "trained_tokens": float(self.trained_tokens),
+            names.TOTAL_NUM_TOKENS: float(self.total_tokens),
+            names.UPDATE + "seconds": float(self.seconds),
+            names.UPDATE + "tokens_per_second": float(self.tokens_per_second),
+            names.ACTOR_PG_CLIPFRAC: float(self.clip_fraction),
+            names.ACTOR_PPO_KL: float(self.ppo_kl),
+        }
+        values.update(self.extra)  # with the Verl backend, verl's actor/* are the values above, once
         return values
 
 
