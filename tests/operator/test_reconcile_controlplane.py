@@ -218,3 +218,50 @@ def test_a_template_edited_while_suspended_is_used_for_the_rollouts_launched_aft
     for job in jobs:
         env = {item.name: item.value for item in job.spec.template.spec.containers[0].env or []}
         assert env.get("TEMPLATE_EDIT") == "2", job.metadata.name
+
+
+def test_a_child_that_cannot_be_recreated_is_said_once_not_every_requeue(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    """A ResourceQuota of 0 Services refuses the deleted gateway Service on every requeue (5 s): the operator
+    tries each time (its log says so) but posts one ChildRecreateFailed event, not one per try. Once the quota
+    goes, the Service is recreated. (The run outlasts the test: a finished run recreates nothing.)"""
+    operator = start_operator()
+    manifest = run_manifest("quota", totalSteps=100000)
+    apply_ok(kubectl, namespace, manifest)
+    wait_for_phase(api_client, namespace, "quota", "Running", timeout=120, what="the run to be Running")
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-services", "namespace": namespace},
+        "spec": {"hard": {"services": "0"}},
+    }
+    created = kubectl_run(kubectl, "apply", "-f", "-", stdin=json.dumps(quota))
+    assert created.returncode == 0, created.stderr
+    service = names.gateway_service_name("quota")
+    deleted = kubectl_run(kubectl, "delete", "-n", namespace, "service", service)
+    assert deleted.returncode == 0, deleted.stderr
+
+    attempt = "could not recreate the run's Service"
+    wait_for(
+        lambda: operator.log().count(attempt) >= 4 or None,
+        timeout=180,
+        what="four refused attempts to recreate the Service in the operator's log",
+    )
+    failed = events(kubectl, namespace, reason="ChildRecreateFailed")
+    assert len(failed) == 1, [event["note"] for event in failed]
+    assert failed[0]["type"] == "Warning"
+    assert "quota" in failed[0]["note"], failed[0]["note"]
+
+    removed = kubectl_run(kubectl, "delete", "-n", namespace, "resourcequota", "no-services")
+    assert removed.returncode == 0, removed.stderr
+    wait_for(
+        lambda: _children(api_client, namespace, "quota")["Service"],
+        timeout=120,
+        what="the Service recreated once the quota is gone",
+    )
+    assert run_status(api_client, namespace, "quota")["phase"] in ("Running", "Starting")

@@ -86,6 +86,9 @@ class Reconciler:
         self._trainer_report: TrainerReport | None = None
         self._stats_read_at = -float("inf")  # monotonic time of the last stats read
         self._children_read_at = -float("inf")
+        # The last recreate failure said in an event, per child: a failure that repeats every requeue (5 s) is
+        # said once, and again only when it changes or after the child was created.
+        self._recreate_failures: dict[Child, str] = {}
 
     @staticmethod
     def stored_status(run: JSON) -> AsyncTrainingRunStatus:
@@ -219,9 +222,13 @@ class Reconciler:
             except Exception as error:  # said in an event; the next reconcile tries again
                 message = f"could not recreate the run's {child.value}: {one_line_reason(error)}"
                 logger.warning("run %s: %s", context.name, message)
-                await kube.post_event(
-                    context.run, reason="ChildRecreateFailed", message=message, warning=True
-                )
+                if self._recreate_failures.get(child) != message:
+                    self._recreate_failures[child] = message
+                    await kube.post_event(
+                        context.run, reason="ChildRecreateFailed", message=message, warning=True
+                    )
+            else:
+                self._recreate_failures.pop(child, None)
         if actions.trainer_suspend is not None:
             patch = suspend_patch(suspend=actions.trainer_suspend)
             try:

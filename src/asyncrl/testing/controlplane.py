@@ -42,6 +42,7 @@ CONTROLLERS = (
     "ttl-after-finished-controller",
     "namespace-controller",
     "serviceaccount-controller",
+    "resourcequota-controller",  # quota usage: without it a namespace's ResourceQuota refuses nothing
 )
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 PROVISION_HINT = "run scripts/provision-k8s.sh (or set ASYNCRL_K8S_BIN_DIR to a folder holding them)"
