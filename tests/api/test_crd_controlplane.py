@@ -551,3 +551,66 @@ def test_quantities_the_api_server_would_refuse_in_the_pod_are_refused_at_admiss
         assert server_says in server, server
         assert local is not None
         assert local_says in local, local
+
+
+@pytest.mark.parametrize(
+    ("pod_template", "server_says", "local_says"),
+    [
+        (
+            {"metadata": {"labels": {"bad key!": "x"}}},
+            "the trainer pod's labels: a key is not a label key",
+            "label key 'bad key!'",
+        ),
+        (
+            {"metadata": {"labels": {"example.com/": "x"}}},
+            "the trainer pod's labels: a key is not a label key",
+            "label key 'example.com/'",
+        ),
+        (
+            {"metadata": {"labels": {"team": "x" * 64}}},
+            "spec.trainer.podTemplate.metadata.labels.team: Too long",
+            "label value",
+        ),
+        (
+            {"metadata": {"labels": {"team": "-ml"}}},
+            "spec.trainer.podTemplate.metadata.labels.team: Invalid value",
+            "label value '-ml'",
+        ),
+        (
+            {"nodeSelector": {"-gpu": "h200"}},
+            "the trainer pod's nodeSelector: a key is not a label key",
+            "label key '-gpu'",
+        ),
+        (
+            {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA H200"}},
+            "spec.trainer.podTemplate.nodeSelector.nvidia.com/gpu.product: Invalid value",
+            "label value 'NVIDIA H200'",
+        ),
+        (
+            {
+                "metadata": {"labels": {"example.com/team": "ml", "kueue.x-k8s.io/queue-name": "", "a": "b"}},
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200", "x" * 63: "y" * 63},
+            },
+            None,
+            None,
+        ),
+    ],
+)
+def test_label_keys_and_values_the_api_server_would_refuse_in_the_pod_are_refused_at_admission(
+    api_client: Any,
+    namespace: str,
+    minimal_manifest: dict[str, Any],
+    pod_template: dict[str, Any],
+    server_says: str | None,
+    local_says: str | None,
+) -> None:
+    """Before these rules a bad label key or value was admitted, and the trainer Job got a 422."""
+    minimal_manifest["spec"]["trainer"]["podTemplate"] = pod_template
+    server, local = _server_verdict(api_client, namespace, minimal_manifest), _local_verdict(minimal_manifest)
+    if server_says is None:
+        assert (server, local) == (None, None)
+    else:
+        assert server is not None
+        assert server_says in server, server
+        assert local is not None
+        assert local_says in local, local

@@ -8,6 +8,7 @@ reject the same manifests for the same stated reason.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from asyncrl.api.types.meta import CelRule
 from asyncrl.api.types.verl_layout import DEFAULT_TOKEN_BUDGET
@@ -281,3 +282,34 @@ RESOURCE_LIMIT_RULE = CelRule(
     message="a limit is below the request of the same resource; raise the limit or lower the request",
     field_path=".limits",
 )
+
+
+# Label maps (the trainer pod's labels, its nodeSelector): keys and values the API server takes, checked at
+# admission so that a bad one is refused at `kubectl apply`, not with a 422 on the trainer Job. Keys: an
+# optional DNS-subdomain prefix and '/', then a name of at most 63 characters; values: at most 63. The
+# maps are bounded (MAX_LABELS) so that the rules' estimated cost stays within the API server's budget.
+MAX_LABELS = 64
+MAX_LABEL_KEY_LENGTH = 253 + 1 + 63
+_LABEL_NAME_RE = "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_DNS_SUBDOMAIN_RE = "[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+LABEL_KEY_PATTERN = f"^({_DNS_SUBDOMAIN_RE}/)?{_LABEL_NAME_RE}$"
+LABEL_VALUE_PATTERN = f"^({_LABEL_NAME_RE})?$"
+# A label map's values, in the CRD's schema (the API server checks them at admission).
+LABEL_VALUES_SCHEMA: dict[str, Any] = {
+    "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+}
+
+
+def label_map_rule(field: str, what: str) -> CelRule:
+    """`self.<field>`'s keys are label keys (CEL); its values are checked by the schema's pattern."""
+    return CelRule(
+        rule=(
+            f"!has(self.{field}) || self.{field}.all(k, size(k) <= {MAX_LABEL_KEY_LENGTH} && "
+            f"k.matches('{LABEL_KEY_PATTERN}'))"
+        ),
+        message=(
+            f"{what}: a key is not a label key (an optional DNS prefix and '/', then 1 to 63 letters, "
+            "digits, '-', '_' or '.', starting and ending with a letter or digit), e.g. example.com/team"
+        ),
+        field_path=f".{field}",
+    )

@@ -29,6 +29,8 @@ from asyncrl.api.types.meta import ApiModel, FieldRuleError, cel_rules, section
 from asyncrl.api.types.rules import (
     ASYNC_WINDOW_RULE,
     DATA_SOURCE_RULE,
+    LABEL_VALUES_SCHEMA,
+    MAX_LABELS,
     MAX_RESOURCES,
     MAX_TRAIN_BATCH_SIZE,
     MAX_WINDOW_SIZE,
@@ -43,6 +45,7 @@ from asyncrl.api.types.rules import (
     check_exactly_one,
     gateway_port_taken_by_ray,
     immutable_rules,
+    label_map_rule,
 )
 from asyncrl.api.types.tool_call_parsers import (
     DEFAULT_TOOL_CALL_PARSER,
@@ -178,10 +181,16 @@ class VolumeMount(BaseModel):
 class PodTemplateMetadata(ApiModel):
     """Labels and annotations added to the trainer pod (not to the Job)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(label_map_rule("labels", "the trainer pod's labels"))
+    )
+
     labels: dict[str, str] | None = Field(
         default=None,
+        max_length=MAX_LABELS,
         description="Labels of the trainer pod; the operator's own keys (app.kubernetes.io/*, "
         "asyncrl.dev/run) keep the operator's values.",
+        json_schema_extra=LABEL_VALUES_SCHEMA,
     )
     annotations: dict[str, str] | None = Field(default=None, description="Annotations of the trainer pod.")
 
@@ -247,11 +256,18 @@ class TrainerPodTemplate(ApiModel):
     mounts and variables); a field of this template that collides with one of those is refused and reported.
     """
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(label_map_rule("nodeSelector", "the trainer pod's nodeSelector"))
+    )
+
     metadata: PodTemplateMetadata | None = Field(
         default=None, description="Labels and annotations of the trainer pod."
     )
     node_selector: dict[str, str] | None = Field(
-        default=None, description="Node labels the trainer pod must be scheduled on (e.g. a GPU type)."
+        default=None,
+        max_length=MAX_LABELS,
+        description="Node labels the trainer pod must be scheduled on (e.g. a GPU type).",
+        json_schema_extra=LABEL_VALUES_SCHEMA,
     )
 
     @field_validator("node_selector")
