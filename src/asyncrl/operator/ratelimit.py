@@ -1,4 +1,17 @@
-"""At most N agent Jobs created in any 60-second window (the seed's default is 100 per minute)."""
+"""At most N agent Jobs created in any 60-second window (the seed's default is 100 per minute).
+
+`agents.maxJobsPerMinute` protects the API server, and the docs promise "Job creations in any 60-second
+window" (docs/tuning-the-window.md): a run starts with up to N creations at once, then one more each time the
+oldest leaves the window. We keep this sliding window rather than aiolimiter (issue 26 §5), whose
+`AsyncLimiter(N, 60)` is a leaky bucket: a burst of N, then a drain of N per minute, so N - 1 more fit in the
+same first minute. Measured with both limiters on a fake clock and a caller that creates whenever allowed
+(2026-12-04, aiolimiter 1.3.0): N = 4 gives 7 creations in the first minute (ours 4), N = 100 gives 199
+(ours 100); the long-run rate is N per minute for both. `AsyncLimiter(1, 60 / N)` keeps within N + 1 per
+minute but loses the start-up burst (32 Jobs would take 19 s at the default instead of none). Two more
+differences: aiolimiter takes capacity before the call, where we count only Jobs the API server created
+(`record` after the create), and it fixes its drain rate at construction, where a spec edit of
+`maxJobsPerMinute` applies here at once with the window's history kept.
+"""
 
 from __future__ import annotations
 
