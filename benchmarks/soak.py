@@ -222,13 +222,29 @@ def succeeded_agents(lines: str) -> set[str]:
     return {line.split()[0] for line in lines.splitlines() if line.split()[2:] == ["exit", "0"]}
 
 
-def outcomes_lost(rollouts: Iterable[RolloutSeen], succeeded: set[str]) -> list[str]:
+def group_of(rollout_id: str) -> str:
+    """The group a rollout belongs to: the trainer names rollouts `<group id>-r<index>`."""
+    return rollout_id.rsplit("-r", 1)[0]
+
+
+def outcomes_lost(
+    rollouts: Iterable[RolloutSeen], succeeded: set[str], trained: Iterable[str] = ()
+) -> list[str]:
     """Rollouts whose agent exited 0 but that the gateway recorded as failed or timed out, or still shows
-    queued (its `running` report was lost, so the `succeeded` one was refused)."""
+    queued (its `running` report was lost, so the `succeeded` one was refused).
+
+    `queued` is the state the detector last saw, polling: a rollout whose group the trainer then trained had
+    finished (a group is trained once its rollouts have), so it only looked queued between two polls.
+    """
+    trained_groups = set(trained)
     return sorted(
         rollout.rollout_id
         for rollout in rollouts
-        if rollout.rollout_id in succeeded and rollout.state in ("failed", "timed_out", "queued")
+        if rollout.rollout_id in succeeded
+        and (
+            rollout.state in ("failed", "timed_out")
+            or (rollout.state == "queued" and group_of(rollout.rollout_id) not in trained_groups)
+        )
     )
 
 
@@ -320,7 +336,7 @@ def figures(
         max_update=max((step.update_seconds for step in steps), default=0.0),
         lost=lost,
         late=late,
-        outcomes_lost=outcomes_lost(rollouts, succeeded_agents(executions_log)),
+        outcomes_lost=outcomes_lost(rollouts, succeeded_agents(executions_log), trained),
         executed_twice=sorted(rollout for rollout, count in ran.items() if count > 1),
         executions=sum(ran.values()),
         rollouts_seen=len(rollouts),

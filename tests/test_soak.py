@@ -70,6 +70,21 @@ def test_rollouts_never_run_or_run_late_are_lost(soak: ModuleType) -> None:
     assert soak.outcomes_lost(rollouts, {"ran", "never-ran", "late", "stuck"}) == ["never-ran", "stuck"]
 
 
+def test_a_rollout_last_seen_queued_whose_group_was_trained_kept_its_outcome(soak: ModuleType) -> None:
+    """The detector polls: a rollout seen queued, then run and trained between two polls, is not lost. One
+    whose group was never trained still is, and so is one recorded failed whatever its group."""
+    seen = soak.RolloutSeen
+    rollouts = [
+        seen("s3-abc-r0", created_at=0.0, state="queued", started_at=None, last_seen=5.0),
+        seen("s3-abc-r1", created_at=0.0, state="failed", started_at=1.0, last_seen=5.0),
+        seen("s4-def-r0", created_at=0.0, state="queued", started_at=None, last_seen=5.0),
+    ]
+    succeeded = {"s3-abc-r0", "s3-abc-r1", "s4-def-r0"}
+    assert soak.group_of("s3-abc-r1") == "s3-abc"
+    assert soak.outcomes_lost(rollouts, succeeded, ["s3-abc"]) == ["s3-abc-r1", "s4-def-r0"]
+    assert soak.outcomes_lost(rollouts, succeeded) == sorted(succeeded)
+
+
 def test_doubles_are_counted_from_the_logs(soak: ModuleType) -> None:
     trainer_log = (
         "2026-01-01 INFO asyncrl.trainer.loop step 0: trained groups g1 g2\n"
