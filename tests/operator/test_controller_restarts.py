@@ -48,3 +48,26 @@ def test_the_supervisor_waits_what_the_controller_asked_then_starts_it_again(
     assert waits == [handlers.CLAIM_RETRY_SECONDS]
     assert len(calls) == 2
     assert calls[1]["metadata"]["generation"] == 2  # started again from the run as it is now
+
+
+def test_a_cancelled_supervisor_stops_without_starting_the_controller_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def controller(body: dict[str, Any], runtime: Any) -> None:
+        calls.append(body)
+        await asyncio.Event().wait()  # runs until cancelled, as a run's controller does
+
+    async def supervise_then_cancel() -> None:
+        body = {"metadata": {"namespace": "ns", "name": "run-a", "generation": 1}}
+        task = asyncio.create_task(handlers._supervise(SimpleNamespace(), body))
+        while not calls:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    monkeypatch.setattr(handlers, "run_controller", controller)
+    asyncio.run(supervise_then_cancel())
+    assert len(calls) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -140,13 +141,31 @@ def test_an_absent_api_server_is_retried_until_the_deadline_then_gives_up() -> N
     assert str(caught.value).startswith("still failing after")
 
 
-def test_backoff_grows_to_its_cap_with_bounded_jitter() -> None:
-    import random
+def test_backoff_grows_to_its_cap_and_is_what_stamina_waits() -> None:
+    backoff = Backoff(first_seconds=1, max_seconds=8, factor=2, jitter_seconds=0.25)
+    assert [backoff.nominal_seconds(attempt) for attempt in range(1, 7)] == [1, 2, 4, 8, 8, 8]
+    assert backoff.nominal_seconds(10_000) == 8  # no overflow however long an outage lasts
+    assert backoff.stamina_waits() == {
+        "wait_initial": 1,
+        "wait_max": 8,
+        "wait_exp_base": 2,
+        "wait_jitter": 0.25,
+    }
 
-    delays = Backoff(first_seconds=1, max_seconds=8, factor=2, jitter=0.25).delays(random.Random(7))
-    drawn = [next(delays) for _ in range(6)]
-    for delay, nominal in zip(drawn, [1, 2, 4, 8, 8, 8], strict=True):
-        assert nominal * 0.75 <= delay <= nominal
+
+def test_each_retry_is_one_log_line_with_its_reason_and_one_on_retry_call(
+    flaky: tuple[_ApiServer, Kube], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, kube = flaky
+    seen: list[BaseException] = []
+    with caplog.at_level(logging.INFO, logger="asyncrl.operator.retry"):
+        assert _create(kube, backoff=FAST, on_retry=seen.append) is True
+    lines = [record.getMessage() for record in caplog.records if record.name == "asyncrl.operator.retry"]
+    assert len(lines) == len(seen) == 2  # 503 and 429 retried; the 201 ends it
+    assert lines[0].startswith("test failed (attempt 1), retrying in about 0.1 s: ServiceUnavailable (503)")
+    assert "TooManyRequests (429)" in lines[1]
+    assert all("\n" not in line for line in lines)
+    assert len(server.posts) == 3
 
 
 def test_a_body_the_client_refuses_before_sending_is_a_rejection_named_by_its_field() -> None:

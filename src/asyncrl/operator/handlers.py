@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+import stamina
 
 from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, InvalidRunError, load_run
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
@@ -73,7 +74,7 @@ class _RunTask:
 
 
 CLAIM_RETRY_SECONDS = 15  # how soon a run waiting for its checkpoint claim looks again
-RESTART_BACKOFF = Backoff(first_seconds=10.0, max_seconds=60.0)
+RESTART_BACKOFF = Backoff(first_seconds=10.0, max_seconds=60.0, jitter_seconds=2.0)
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -164,27 +165,35 @@ async def _stop_run(runtime: Runtime, key: tuple[str, str]) -> None:
 
 
 async def _supervise(runtime: Runtime, body: JSON) -> None:
-    """Run the run's controller; after a failure, start it again with backoff (as kopf retried the daemon)."""
-    delays = RESTART_BACKOFF.delays()
+    """Run the run's controller; after a failure, start it again with backoff (as kopf retried the daemon).
+
+    stamina waits: the delay a `kopf.TemporaryError` names, else the restart backoff's next delay."""
     name = body["metadata"]["name"]
-    while True:
-        try:
-            await run_controller(body, runtime)
+
+    def restart_wait(error: BaseException) -> float | bool:
+        if isinstance(error, kopf.TemporaryError) and error.delay is not None:
+            return float(error.delay)
+        return isinstance(error, Exception)  # tenacity hands over a cancellation too: never restart on one
+
+    async for attempt in stamina.retry_context(
+        on=restart_wait, attempts=None, timeout=None, **RESTART_BACKOFF.stamina_waits()
+    ):
+        if attempt.num > 1:
+            with contextlib.suppress(Exception):  # start again from the run as it is now
+                body = await runtime.kube.read_run(body["metadata"]["namespace"], name)
+        with attempt:
+            try:
+                await run_controller(body, runtime)
+            except Exception as error:
+                logger.error(
+                    "run %s: the controller stopped: %s; restarting in %.0f s",
+                    name,
+                    one_line_reason(error),
+                    restart_delay(error, attempt.next_wait),
+                    exc_info=not isinstance(error, kopf.TemporaryError),
+                )
+                raise
             return
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            delay = restart_delay(error, next(delays))
-            logger.error(
-                "run %s: the controller stopped: %s; restarting in %.0f s",
-                name,
-                one_line_reason(error),
-                delay,
-                exc_info=not isinstance(error, kopf.TemporaryError),
-            )
-            await asyncio.sleep(delay)
-        with contextlib.suppress(Exception):  # start again from the run as it is now
-            body = await runtime.kube.read_run(body["metadata"]["namespace"], name)
 
 
 def restart_delay(error: BaseException, backoff_seconds: float) -> float:

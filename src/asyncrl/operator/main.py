@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+import stamina.instrumentation
+
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.operator.renderer import RenderSettings
@@ -102,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
     import asyncrl.operator.handlers as handlers
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # Our retry sites log their own line with the reason; stamina's default hooks would add a WARNING without
+    # context per retry and a Prometheus counter labelled by attempt number (unbounded for endless retries).
+    stamina.instrumentation.set_on_retry_hooks(())
     if args.kubeconfig:
         import os
 

@@ -3,23 +3,23 @@
 The rule the operator follows everywhere: a transient failure (no connection, a timeout, HTTP 429 or 5xx)
 is retried with capped exponential backoff and jitter; a rejection (any other 4xx, or a body the client
 refused before sending) is final and is reported as one readable line, never an exception dump with headers.
-The project has no retry library among its dependencies, so this is a small typed helper rather than one
-more dependency for two call sites.
+The retrying itself is stamina's (jittered exponential backoff, a total deadline, async-aware); this module
+adds what the operator needs around it: which failures are transient, one log line per retry with its
+reason, and `GaveUp` with the last reason once the deadline has passed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
 import pydantic
+import stamina
 
 from asyncrl.gateway.client import GatewayError
 
@@ -32,19 +32,26 @@ TRANSIENT_HTTP_STATUSES = frozenset({408, 429})
 
 @dataclass(frozen=True)
 class Backoff:
-    """Delays of `first_seconds`, growing by `factor` up to `max_seconds`, each cut by up to `jitter`."""
+    """stamina's delays: `first_seconds`, growing by `factor` up to `max_seconds`, each plus up to
+    `jitter_seconds` (spreads the retries of many rollouts hitting the same outage)."""
 
     first_seconds: float = 0.5
     max_seconds: float = 10.0
     factor: float = 2.0
-    jitter: float = 0.2  # a fraction: spreads the retries of many rollouts hitting the same outage
+    jitter_seconds: float = 0.5
 
-    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
-        draw = (rng or random).random
-        delay = self.first_seconds
-        while True:
-            yield delay * (1.0 - self.jitter * draw())
-            delay = min(self.max_seconds, delay * self.factor)
+    def nominal_seconds(self, attempt: int) -> float:
+        """The delay after failed attempt number `attempt` (1-based), without its jitter."""
+        return min(self.max_seconds, self.first_seconds * self.factor ** min(attempt - 1, 64))
+
+    def stamina_waits(self) -> dict[str, float]:
+        """The keyword arguments of `stamina.retry_context` that set these delays."""
+        return {
+            "wait_initial": self.first_seconds,
+            "wait_max": self.max_seconds,
+            "wait_exp_base": self.factor,
+            "wait_jitter": self.jitter_seconds,
+        }
 
 
 class GaveUp(RuntimeError):
@@ -70,30 +77,40 @@ async def retry_transient(
 ) -> T:
     """`await call()` until it succeeds or fails for good.
 
-    A failure that `is_transient` accepts is retried after the next backoff delay; any other failure is
-    raised at once. With `deadline_seconds`, a transient failure after the deadline raises `GaveUp`.
+    A failure that `is_transient` accepts is retried after stamina's next backoff delay; any other failure
+    is raised at once. With `deadline_seconds`, a transient failure after the deadline raises `GaveUp`.
     """
     started = time.monotonic()
-    delays = backoff.delays()
     attempts = 0
-    while True:
-        attempts += 1
-        try:
-            return await call()
-        except Exception as error:
-            if not is_transient(error):
-                raise
-            elapsed = time.monotonic() - started
-            reason = one_line_reason(error)
-            if deadline_seconds is not None and elapsed >= deadline_seconds:
-                raise GaveUp(reason, attempts=attempts, seconds=elapsed) from error
-            delay = next(delays)
-            if deadline_seconds is not None:
-                delay = min(delay, max(0.0, deadline_seconds - elapsed))
-            logger.info("%s failed (attempt %d), retrying in %.1f s: %s", what, attempts, delay, reason)
-            if on_retry is not None:
-                on_retry(error)
-            await asyncio.sleep(delay)
+
+    def retry_if_transient(error: BaseException) -> bool:
+        if not is_transient(error):
+            return False
+        if deadline_seconds is not None and time.monotonic() - started >= deadline_seconds:
+            return True  # stamina's deadline has passed too: it gives up, and so do we below
+        logger.info(
+            "%s failed (attempt %d), retrying in about %.1f s: %s",
+            what,
+            attempts,
+            backoff.nominal_seconds(attempts),
+            one_line_reason(error),
+        )
+        if on_retry is not None:
+            on_retry(error)
+        return True
+
+    try:
+        async for attempt in stamina.retry_context(
+            on=retry_if_transient, attempts=None, timeout=deadline_seconds, **backoff.stamina_waits()
+        ):
+            attempts = attempt.num
+            with attempt:
+                return await call()
+    except Exception as error:
+        if deadline_seconds is None or not is_transient(error):
+            raise
+        raise GaveUp(one_line_reason(error), attempts=attempts, seconds=time.monotonic() - started) from error
+    raise AssertionError("stamina ended its attempts without an outcome")  # never: attempts=None
 
 
 def kube_error_is_transient(error: BaseException) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import stamina.instrumentation
 import yaml
 
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
@@ -357,6 +358,9 @@ async def train(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # Our retry sites log their own line with the reason; stamina's default hooks would add a WARNING without
+    # context per retry and a Prometheus counter labelled by attempt number (unbounded for endless retries).
+    stamina.instrumentation.set_on_retry_hooks(())
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.preflight:
