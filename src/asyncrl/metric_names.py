@@ -56,7 +56,7 @@ VERL_NAMESPACES = ("rollout_corr/",)
 
 # -- asyncrl's own names, for what verl has no metric for -------------------------------------------------
 
-ASYNC = "training/async/"  # the window: the seed's six carry-over metrics, stale groups, failed rollouts
+ASYNC = "training/async/"  # the window: the six carry-over metrics, stale groups, failed rollouts
 ADAPTER = "training/adapter/"  # events to rows
 PREFETCH = "training/prefetch/"  # rows prepared before the pause
 UPDATE = "training/update/"  # the update's own counts: step, version, rows, tokens, seconds

@@ -242,13 +242,13 @@ class PauseView(BaseModel):
     """What `/proxy/pause`, `/proxy/resume` and `/proxy/state` answer: the pause state (and drain, if waited).
 
     Only the fields that apply are sent (`wire()`): Hold mode adds the held calls, a call that waited for the
-    drain adds the drain fields, so Reject mode's state stays the seed's (Agent Lightning's) byte for byte.
+    drain adds the drain fields, so Reject mode's state stays Agent Lightning's byte for byte.
     """
 
     model_config = ConfigDict(extra="allow")
 
     paused: bool
-    retry_after_seconds: int | float  # whole seconds as an integer, as the seed sends them
+    retry_after_seconds: int | float  # whole seconds as an integer, as Agent Lightning sends them
     reason: str | None
     inflight: int = Field(ge=0, description="Model calls in flight now.")
     model_version: int | None

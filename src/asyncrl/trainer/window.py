@@ -138,7 +138,7 @@ class StepSummary:
         )
 
     def metrics(self) -> dict[str, float]:
-        """The step's metrics under the seed's `training/async/` names (W&B and Prometheus)."""
+        """The step's metrics under the `training/async/` names (W&B and Prometheus)."""
         values = {
             "n_prev_carry_over_rollouts": self.n_prev_carry_over_rollouts,
             "n_completed_rollouts": self.n_completed_rollouts,

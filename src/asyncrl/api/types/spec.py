@@ -432,7 +432,7 @@ class AsyncSpec(ApiModel):
         ge=1,
         le=MAX_WINDOW_SIZE,
         description=(
-            "Prompt groups kept active in async mode (the seed's windowSize); required when enabled "
+            "Prompt groups kept active in async mode; required when enabled "
             "and greater than trainBatchSize (start with 2 x trainBatchSize)."
         ),
     )

@@ -1,6 +1,6 @@
 """The status of an AsyncTrainingRun: the one summary of a run's progress, written only by the operator.
 
-`kubectl get atr` reads it through the printer columns, so it carries the seed's six per-step metrics under
+`kubectl get atr` reads it through the printer columns, so it carries the six per-step window metrics under
 the names the CRD shows. The helpers here are pure (no clock, no I/O) so that the operator can compute the
 next status, compare it with the stored one, and write only when something changed.
 """
