@@ -8,7 +8,8 @@ from-scratch reference model the mean reward rises within a few minutes on 2 CPU
 
 It uses only `asyncrl.agent`: the AGL_* variables, a client that waits out pauses, and report_reward.
 With `"stream": true` in the row (or TOY_AGENT_STREAM=1) it streams both model calls (`stream: true`,
-server-sent events read chunk by chunk, as an agent UI would): the gateway captures them for training
+server-sent events read chunk by chunk with httpx-sse, as an agent UI would, retried as `asyncrl.agent`
+retries its own calls): the gateway captures them for training
 exactly like plain calls. TOY_AGENT_SEED, when set, seeds the tool's latency draw (otherwise each rollout
 draws from its own AGL_KEY, so no two runs draw alike).
 """
@@ -19,39 +20,38 @@ import json
 import os
 import random
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+from httpx_sse import ServerSentEvent, connect_sse
 
-from asyncrl.agent import AgentEnvironment, chat, report_reward
+from asyncrl.agent import AgentEnvironment, chat, raise_for_retry, report_reward, retrying
 
 # A row: {"prompt": "write", "target": "ab", "tool_seconds": 0.5} (the tool's median latency);
 # add "stream": true to stream the model calls.
-RETRYABLE = frozenset({429, 502, 503, 504})
 
 
 def stream_chat(messages: list[dict[str, Any]], env: AgentEnvironment, **params: Any) -> str:
     """A streamed chat completion's text, read event by event; waits out 429s (Reject mode) and retries."""
     body = {"model": "policy", "messages": messages, "stream": True, **params}
     url = f"{env.openai_base_url}/chat/completions"
-    deadline = time.monotonic() + 1800
     with httpx.Client(headers={"authorization": f"Bearer {env.key}"}, timeout=600.0) as http:
-        while True:
-            with http.stream("POST", url, json=body) as response:
-                if response.status_code == 200:
-                    return "".join(_contents(response.iter_lines()))
-                response.read()
-                if response.status_code not in RETRYABLE or time.monotonic() > deadline:
-                    response.raise_for_status()
-                time.sleep(float(response.headers.get("retry-after", "1")))
+        for attempt in retrying(deadline_seconds=1800):
+            with attempt, connect_sse(http, "POST", url, json=body) as events:
+                if events.response.status_code != 200:
+                    events.response.read()
+                    raise_for_retry(events.response)
+                return "".join(_contents(events.iter_sse()))
+    raise AssertionError("the retries ended without an outcome")  # never: retrying() has no attempt limit
 
 
-def _contents(lines: Any) -> list[str]:
+def _contents(events: Iterator[ServerSentEvent]) -> list[str]:
     pieces = []
-    for line in lines:
-        if not line.startswith("data: ") or line == "data: [DONE]":
+    for event in events:
+        if event.data == "[DONE]":
             continue
-        chunk = json.loads(line[len("data: ") :])
+        chunk = json.loads(event.data)
         if "error" in chunk:
             raise RuntimeError(f"the model call failed mid-stream: {chunk['error']}")
         for choice in chunk.get("choices") or []:

@@ -3,18 +3,18 @@
 Each agent Job (or local agent process) gets three variables: `AGL_OPENAI_BASE_URL` (its rollout's proxy
 route; use it as an OpenAI base URL), `AGL_EVENT_URL` (where its events go) and `AGL_KEY` (a token valid for
 this rollout only). While the trainer updates weights the gateway answers 429 with Retry-After; the clients
-here wait and retry, so a pause is invisible to the agent's logic.
+here wait and retry (stamina's retries, honouring Retry-After), so a pause is invisible to the agent's logic.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import stamina
 
 if TYPE_CHECKING:
     import openai
@@ -109,41 +109,63 @@ def async_openai_client(
     )
 
 
-def _retry_delay(response: httpx.Response | None, attempt: int) -> float:
-    if response is not None:
-        header = response.headers.get("retry-after")
-        if header is not None:
-            try:
-                seconds = float(header)
-            except ValueError:
-                seconds = -1.0
-            if seconds >= 0:
-                return seconds
-    return min(5.0, 0.2 * 2.0**attempt)
+class RetryableAnswer(httpx.HTTPStatusError):
+    """The gateway answered 429 or 502-504 (paused, overloaded, restarting): worth sending again. An
+    `HTTPStatusError`, so when the retries run out the caller sees the last answer as httpx would say it."""
+
+
+def raise_for_retry(response: httpx.Response) -> None:
+    """`RetryableAnswer` for an answer worth sending again; another error status raises `HTTPStatusError`."""
+    if response.status_code in RETRYABLE_STATUS:
+        raise RetryableAnswer(
+            f"{response.status_code} from {response.request.url}", request=response.request, response=response
+        )
+    response.raise_for_status()
+
+
+def retry_wait(error: BaseException) -> bool | float:
+    """stamina's backoff hook for the gateway's answers: the Retry-After a refusal names (a pause says how
+    long it lasts), else stamina's own jittered backoff; no connection is retried too, any other error not."""
+    if isinstance(error, RetryableAnswer):
+        header = error.response.headers.get("retry-after")
+        try:
+            seconds = float(header) if header is not None else -1.0
+        except ValueError:
+            seconds = -1.0
+        return seconds if seconds >= 0 else True
+    return isinstance(error, httpx.TransportError)
+
+
+def retrying(*, deadline_seconds: float) -> Iterator[stamina.Attempt]:
+    """The attempts of one call to the gateway (`for attempt in retrying(...): with attempt: ...`): retried
+    as `retry_wait` says until `deadline_seconds` have passed, then the last error is raised."""
+    return iter(
+        stamina.retry_context(
+            on=retry_wait,
+            attempts=None,
+            timeout=deadline_seconds,
+            wait_initial=0.2,
+            wait_max=5.0,
+            wait_jitter=0.2,
+        )
+    )
 
 
 def _post_with_retries(
     url: str, key: str, body: dict[str, Any], *, deadline_seconds: float
 ) -> httpx.Response:
-    deadline = time.monotonic() + deadline_seconds
-    attempt = 0
     with httpx.Client(headers={"authorization": f"Bearer {key}"}, timeout=600.0) as http:
-        while True:
-            response: httpx.Response | None = None
-            try:
-                response = http.post(url, json=body)
-                if response.status_code not in RETRYABLE_STATUS:
-                    response.raise_for_status()
+        try:
+            for attempt in retrying(deadline_seconds=deadline_seconds):
+                with attempt:
+                    response = http.post(url, json=body)
+                    raise_for_retry(response)
                     return response
-            except httpx.TransportError:
-                response = None
-            delay = _retry_delay(response, attempt)
-            if time.monotonic() + delay > deadline:
-                if response is not None:
-                    response.raise_for_status()
-                raise TimeoutError(f"POST {url} did not succeed within {deadline_seconds:.0f}s")
-            time.sleep(delay)
-            attempt += 1
+        except httpx.TransportError as error:
+            raise TimeoutError(
+                f"POST {url} did not succeed within {deadline_seconds:.0f}s: {error}"
+            ) from error
+    raise AssertionError("stamina ended its attempts without an outcome")  # never: attempts=None
 
 
 def chat(
