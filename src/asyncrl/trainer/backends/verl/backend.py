@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import stamina
 
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
 from asyncrl.trainer.backends.staging import read_checkpoint_meta, staged_directory, write_checkpoint_meta
@@ -207,20 +208,45 @@ def update_metrics(
     )
 
 
-async def served_model_name(url: str, *, attempts: int = 60) -> str:
-    """The model id an OpenAI server serves (`GET /v1/models`), waiting up to `attempts` seconds for it."""
+class NoModelYet(ValueError):
+    """The server answered `/v1/models` but listed no model yet."""
+
+
+NOT_SERVING_YET = (httpx.HTTPError, ValueError, KeyError, TypeError)  # a starting server's answers
+
+
+async def served_model_name(url: str, *, attempts: int = 60, poll_seconds: float = 1.0) -> str:
+    """The model id an OpenAI server serves (`GET /v1/models`), asked every `poll_seconds` (stamina, a
+    fixed wait: the server is starting, not overloaded) up to `attempts` times."""
     async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
-        for attempt in range(attempts):
-            try:
-                response = await client.get("/v1/models")
-                response.raise_for_status()
-                models = response.json().get("data") or []
-                if models:
-                    return str(models[0]["id"])
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
-                logger.info("waiting for %s/v1/models (%d): %s", url, attempt + 1, error)
-            await asyncio.sleep(1.0)
-    raise RuntimeError(f"{url}/v1/models named no model within {attempts}s")
+        try:
+            async for attempt in stamina.retry_context(
+                on=NOT_SERVING_YET,
+                attempts=attempts,
+                timeout=None,
+                wait_initial=poll_seconds,
+                wait_max=poll_seconds,
+                wait_jitter=0.0,
+                wait_exp_base=1.0,
+            ):
+                with attempt:
+                    try:
+                        return await _first_model(client)
+                    except NOT_SERVING_YET as error:
+                        logger.info("waiting for %s/v1/models (%d): %s", url, attempt.num, error)
+                        raise
+        except NOT_SERVING_YET as error:
+            raise RuntimeError(f"{url}/v1/models named no model after {attempts} tries: {error}") from error
+    raise AssertionError("stamina ended its attempts without an outcome")
+
+
+async def _first_model(client: httpx.AsyncClient) -> str:
+    response = await client.get("/v1/models")
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models:
+        raise NoModelYet("no model listed yet")
+    return str(models[0]["id"])
 
 
 def clear_partition(keys: Sequence[str]) -> None:
