@@ -40,7 +40,14 @@ def error_event(message: str, *, status: int = 502) -> bytes:
 
 class SseEvents:
     """Cuts a byte stream into the data payloads of its events (`data:` lines; comments and other fields
-    are ignored; several data lines of one event are joined with newlines, as the SSE spec says)."""
+    are ignored; several data lines of one event are joined with newlines, as the SSE spec says).
+
+    Not httpx-sse (which the toy agent uses to read its streams): httpx-sse reads events from an
+    `httpx.Response`, while the gateway's upstream client is aiohttp (relay.py reads raw chunks with
+    `readany`); the relay hands each event's data on as bytes, to the assembly and re-framed to the agent,
+    where httpx-sse decodes to text that would be encoded again; this bounds each event's size against a
+    broken or hostile upstream (then a 502 or an error event), where httpx-sse buffers without a limit; and
+    its line decoder, the only part that could take aiohttp's chunks, is private (`httpx_sse._decoders`)."""
 
     def __init__(self, *, max_event_bytes: int) -> None:
         self.max_event_bytes = max_event_bytes
