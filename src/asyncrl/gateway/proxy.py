@@ -125,6 +125,9 @@ class ProxyHandler:
         self.pause_policy = pause_policy(run.pause_mode, held=self.held, metrics=metrics)
 
     async def start(self) -> None:
+        # aiohttp, not the httpx the rest of the project uses: every agent's model call passes here, and at
+        # 64 concurrent calls httpx did 1/22 of aiohttp's rate at 14-24x the CPU per call
+        # (benchmarks/proxy_clients.py; figures in docs/benchmarks.md, issue 26).
         # Idle upstream connections are dropped before vLLM's server closes them (its keep-alive timeout,
         # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s; aiohttp's own default, 15 s, would reuse connections vLLM is
         # closing, and an agent's call sent on one gets a reset it cannot safely retry).
