@@ -1,4 +1,4 @@
-"""At most N agent Jobs created in any 60-second window (the seed's default is 100 per minute).
+"""At most N agent Jobs created in any 60-second window (the default is 100 per minute).
 
 `agents.maxJobsPerMinute` protects the API server, and the docs promise "Job creations in any 60-second
 window" (docs/tuning-the-window.md): a run starts with up to N creations at once, then one more each time the
