@@ -160,6 +160,21 @@ def test_missing_children_are_recreated_what_the_trainer_mounts_first_each_with_
     assert [(e.reason, e.warning) for e in actions.events][:4] == [("ChildRecreated", True)] * 4
 
 
+def test_a_child_whose_recreation_was_said_is_tried_again_without_saying_it_again() -> None:
+    observed = Observed(
+        status=AsyncTrainingRunStatus(),
+        run=RUNNING,
+        missing=frozenset({Child.SERVICE, Child.CONFIG_MAP}),
+        agents_stopped=False,
+        announced=frozenset({Child.SERVICE}),  # its first recreate failed (a quota, say)
+    )
+    actions = reconcile(observed, now=NOW)
+    assert actions.create == (Child.CONFIG_MAP, Child.SERVICE)
+    recreated = [event.message for event in actions.events if event.reason == "ChildRecreated"]
+    assert len(recreated) == 1
+    assert "ConfigMap" in recreated[0]
+
+
 def test_nothing_is_recreated_after_the_run_ended() -> None:
     succeeded = _act(replace(RUNNING, trainer=SUCCEEDED), set()).status
     assert _act(RUNNING, {Child.TRAINER, Child.SERVICE}, status=succeeded).create == ()

@@ -254,6 +254,8 @@ def test_a_child_that_cannot_be_recreated_is_said_once_not_every_requeue(
     )
     failed = events(kubectl, namespace, reason="ChildRecreateFailed")
     assert len(failed) == 1, [event["note"] for event in failed]
+    recreating = events(kubectl, namespace, reason="ChildRecreated")
+    assert len(recreating) == 1, [event["note"] for event in recreating]
     assert failed[0]["type"] == "Warning"
     assert "quota" in failed[0]["note"], failed[0]["note"]
 

@@ -46,6 +46,8 @@ class Observed:
     run: RunObservation
     missing: frozenset[Child]  # desired children found absent
     agents_stopped: bool  # the dispatcher launches nothing more and its Jobs were deleted
+    # Missing children whose recreation was already said (an earlier try failed): tried again, not said again.
+    announced: frozenset[Child] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ def reconcile(observed: Observed, *, now: datetime) -> Actions:
             "ChildRecreated", f"the run's {child.value} was missing (deleted?): recreating it", warning=True
         )
         for child in create
+        if child not in observed.announced
     ]
     if status.phase != observed.status.phase:
         failed = status.phase is Phase.FAILED

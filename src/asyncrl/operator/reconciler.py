@@ -159,18 +159,24 @@ class Reconciler:
             trainer_error=self._trainer_error(),
         )
         observed = Observed(
-            status=self.status, run=observation, missing=missing, agents_stopped=dispatcher.agents_stopped
+            status=self.status,
+            run=observation,
+            missing=missing,
+            agents_stopped=dispatcher.agents_stopped,
+            announced=frozenset(self._recreate_failures),
         )
         actions = reconcile(observed, now=datetime.now(UTC))
         await self._apply_to_children(actions)
         status = actions.status
         self.metrics.observe_run(namespace=self.context.namespace, name=self.context.name, status=status)
+        # Every event the reconcile says, also in a cycle that leaves the status as it was (a child deleted
+        # from a quiet run): a phase event comes only with a phase change, so with a status write anyway.
+        for event in actions.events:
+            await self.kube.post_event(
+                self.context.run, reason=event.reason, message=event.message, warning=event.warning
+            )
         payload = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         if payload != self._written:
-            for event in actions.events:
-                await self.kube.post_event(
-                    self.context.run, reason=event.reason, message=event.message, warning=event.warning
-                )
             await self.kube.patch_run_status(self.context.namespace, self.context.name, payload)
             self.metrics.status_writes.inc()
             self.status = status
