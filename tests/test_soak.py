@@ -8,27 +8,19 @@ paused without an update) and that traffic really went through every proxy; the 
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
+from tests.support.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("soak")
 
 
 def test_the_fault_schedule_is_seeded_and_switches_one_fault_at_a_time_per_proxy(soak: ModuleType) -> None:

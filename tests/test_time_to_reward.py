@@ -8,26 +8,18 @@ its figures are present, and a second invocation finds both runs done and runs n
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "time_to_reward.py"
+from tests.support.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def runner() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("time_to_reward", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("time_to_reward")
 
 
 def test_runs_go_seed_by_seed_through_every_regime_and_configuration(runner: ModuleType) -> None:

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "time_to_reward_stats.py"
+from tests.support.benchmark_scripts import load_benchmark
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("time_to_reward_stats", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["time_to_reward_stats"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("time_to_reward_stats")
 
 
 ttr = _load()

@@ -8,7 +8,6 @@ manifest is a valid run whose verl config verl accepts.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -16,17 +15,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.api import load_run
 from asyncrl.trainer.backends.verl.config import compose_verl_config, verl_settings
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_smoke.py"
+from tests.support.benchmark_scripts import load_benchmark
 
 
 def smoke_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_smoke")
 
 
 def test_the_local_model_loads_as_a_hugging_face_chat_model(tmp_path: Path) -> None:

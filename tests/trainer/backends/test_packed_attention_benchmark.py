@@ -6,28 +6,20 @@ that its verdict can fail: with a mask that lets rows see each other, the packed
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "packed_attention.py"
+from tests.support.benchmark_scripts import load_benchmark
+
 SMALL = ["--device=cpu", "--lengths=2048,3000", "--heads=2", "--kv-heads=1", "--head-dim=16"]
 pytestmark = pytest.mark.slow
 
 
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("packed_attention", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("packed_attention")
 
 
 def test_packed_rows_match_rows_alone(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,27 +6,19 @@ that its verdict can fail: packed rows whose position ids do not restart attend 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "packed_model_step.py"
+from tests.support.benchmark_scripts import load_benchmark
+
 TINY = ["--device=cpu", "--model=tiny", "--tokens=512", "--repeats=1"]
 pytestmark = pytest.mark.slow
 
 
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("packed_model_step", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("packed_model_step")
 
 
 def test_it_times_each_path_and_the_packed_rows_keep_their_own_logits(

@@ -8,7 +8,6 @@ failure) and fed the update old log-probs shifted by one (a clip fraction of 0.4
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -18,18 +17,14 @@ import pytest
 import torch
 
 from asyncrl.trainer.backends.verl.batch import build_trajectory_batch
+from tests.support.benchmark_scripts import load_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 pytestmark = pytest.mark.slow
 
 
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("verl_actor_gpu", BENCHMARKS / "verl_actor_gpu.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("verl_actor_gpu")
 
 
 def test_the_response_cut_takes_each_response_tokens_own_log_prob() -> None:
