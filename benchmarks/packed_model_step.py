@@ -30,20 +30,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # verl_actor_gpu.py, beside this file
+from verl_actor_gpu import QWEN05_SHAPE  # the model the verl actor trained on the GPU
+
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen0.5b": dict(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
+    "qwen0.5b": QWEN05_SHAPE,
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
