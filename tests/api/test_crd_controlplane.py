@@ -508,6 +508,25 @@ def test_validate_knows_where_client_side_kubectl_apply_stops(
         assert "metadata.annotations: Too long" in applied.stderr, applied.stderr
 
 
+def _assert_verdicts(
+    api_client: Any,
+    namespace: str,
+    manifest: dict[str, Any],
+    *,
+    server_says: str | None,
+    local_says: str | None,
+) -> None:
+    """Both admit the manifest (says None), or both refuse it, each in the words given."""
+    server, local = _server_verdict(api_client, namespace, manifest), _local_verdict(manifest)
+    if server_says is None:
+        assert (server, local) == (None, None)
+    else:
+        assert server is not None
+        assert server_says in server, server
+        assert local is not None
+        assert local_says in local, local
+
+
 @pytest.mark.parametrize(
     ("resources", "server_says", "local_says"),
     [
@@ -543,14 +562,7 @@ def test_quantities_the_api_server_would_refuse_in_the_pod_are_refused_at_admiss
 ) -> None:
     """Before the CEL rules these were admitted, and the trainer Job got a 422 when the operator made it."""
     minimal_manifest["spec"]["trainer"]["resources"] = resources
-    server, local = _server_verdict(api_client, namespace, minimal_manifest), _local_verdict(minimal_manifest)
-    if server_says is None:
-        assert (server, local) == (None, None)
-    else:
-        assert server is not None
-        assert server_says in server, server
-        assert local is not None
-        assert local_says in local, local
+    _assert_verdicts(api_client, namespace, minimal_manifest, server_says=server_says, local_says=local_says)
 
 
 @pytest.mark.parametrize(
@@ -606,11 +618,4 @@ def test_label_keys_and_values_the_api_server_would_refuse_in_the_pod_are_refuse
 ) -> None:
     """Before these rules a bad label key or value was admitted, and the trainer Job got a 422."""
     minimal_manifest["spec"]["trainer"]["podTemplate"] = pod_template
-    server, local = _server_verdict(api_client, namespace, minimal_manifest), _local_verdict(minimal_manifest)
-    if server_says is None:
-        assert (server, local) == (None, None)
-    else:
-        assert server is not None
-        assert server_says in server, server
-        assert local is not None
-        assert local_says in local, local
+    _assert_verdicts(api_client, namespace, minimal_manifest, server_says=server_says, local_says=local_says)
