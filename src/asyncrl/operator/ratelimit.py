@@ -30,7 +30,11 @@ class SlidingWindowLimiter:
 
     def delay(self, now: float) -> float:
         """Seconds to wait before the next creation is allowed (0 when allowed now)."""
-        while self._recent and self._recent[0] <= now - self.window_seconds:
+        # One expression decides both "has left the window" and the wait, so a creation still in the window
+        # always gives a positive wait. With `recent[0] <= now - window` here, float rounding kept
+        # 70.02382045824767 in the window at now = 130.02382045824766 yet reported a wait of 0.0: a caller
+        # that creates when the wait is 0 went over the limit (and a test's loop never ended).
+        while self._recent and self._recent[0] + self.window_seconds <= now:
             self._recent.popleft()
         if len(self._recent) < self.per_minute:
             return 0.0
