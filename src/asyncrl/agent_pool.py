@@ -1,7 +1,7 @@
 """The agent pool runner: one long-lived agent pod takes rollouts from the gateway and runs them one by one.
 
 `spec.agents.mode: Pool` runs this (`asyncrl agent-pool`) as the first container of each pool pod, in the
-image of the agent template. For each rollout it claims (the claim also launches it: `gateway/pool_api.py`),
+image of the agent template. For each rollout it claims (the claim launches it: `gateway/routes/pool.py`),
 it renders the same template a Job would get, with the same variables, and runs the template's first
 container's `command` + `args` with its `env` and the rollout's `AGL_*` variables, as a child process. So an
 agent written for Jobs runs unchanged; what it loses is the fresh pod per rollout (see docs/agents.md).

@@ -1,5 +1,5 @@
-"""The door's pure rules and the store's event rules, without HTTP: depth, non-finite numbers, route
-access, rewards, and an events document that nothing stored can break."""
+"""The door's pure rules and the store's event rules, without HTTP: depth, non-finite numbers, rewards, and an
+events document that nothing stored can break. Route access is `test_access.py`'s."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from asyncrl.capturing import CaptureMode
 from asyncrl.gateway.capture import capture_call, events_document
-from asyncrl.gateway.door import Refused, RouteAccess, find_json_problem, parse_json, route_access
+from asyncrl.gateway.door import Refused, find_json_problem, parse_json
 from asyncrl.gateway.events_wire import EventsDocument
 from asyncrl.gateway.models import RolloutCreate
 from asyncrl.gateway.store import (
@@ -68,23 +68,6 @@ def test_invalid_json_and_huge_integers_are_a_400() -> None:
         parse_json(b'{"value": ' + b"9" * 5000 + b"}", max_depth=64)
     assert refused.value.status == 400
     assert refused.value.body["detail"] == "an integer has more than 4300 digits"
-
-
-def test_route_access_lets_an_agent_token_reach_only_its_rollout_routes() -> None:
-    assert route_access("GET", "/metrics") == RouteAccess(public=True)
-    assert route_access("GET", "/api/rollouts/r1") == RouteAccess(rollout_id="r1")
-    assert route_access("POST", "/api/rollouts/r1/attempt/a1/events") == RouteAccess(
-        rollout_id="r1", event=True
-    )
-    for method, path in [
-        ("GET", "/api/rollouts/r1/events"),
-        ("POST", "/api/rollouts/r1/transition"),
-        ("POST", "/api/rollouts/claim"),
-        ("GET", "/api/rollouts"),
-        ("POST", "/proxy/pause"),
-        ("GET", "/no/such/route"),
-    ]:
-        assert route_access(method, path) == RouteAccess(), (method, path)
 
 
 def _store_with_rollout(**limits: int) -> RolloutStore:

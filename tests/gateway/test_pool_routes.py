@@ -131,6 +131,7 @@ def test_the_pool_token_opens_only_the_pool_routes_and_only_the_pool_token_or_ke
         # ... and on the operator's release: a pool pod must not fail other pods' rollouts.
         released = pool.post("/api/pool/release", json={"live_workers": [], "min_age_seconds": 0})
         assert released.status_code == 403, released.text
+        assert released.json() == {"error": "this route needs the gateway key"}  # the door's, body unread
         # Its own routes open, and the gateway key (the operator's) opens them too.
         assert _claim(pool, "pod-1")["rollout"]["rollout_id"] == "r1"
     with gateway.management() as management:
@@ -154,6 +155,25 @@ def test_hostile_pool_bodies_are_refused_naming_the_field(gateway: RunningGatewa
         outcome = {"worker": "pod-1", "state": "exploded"}
         assert pool.post("/api/pool/rollouts/r1/transition", json=outcome).status_code == 422
         assert _report(pool, "pod-1", "nope", "running").status_code == 404
+
+
+def test_pool_errors_have_the_shape_of_every_route_and_name_the_rollout_as_given(
+    gateway: RunningGateway,
+) -> None:
+    # They were HTTPExceptions, lowercased by the error handler: "Mixed-Case-1" came back "mixed-case-1".
+    with gateway.management() as management:
+        create_rollouts(management, "Mixed-Case-1")
+    with _pool(gateway) as pool:
+        missing = _report(pool, "pod-1", "Nope-1", "running")
+        assert (missing.status_code, missing.json()) == (
+            404,
+            {"error": "rollout 'Nope-1' not found", "rollout_id": "Nope-1"},
+        )
+        not_its_own = _report(pool, "pod-1", "Mixed-Case-1", "running")
+        assert (not_its_own.status_code, not_its_own.json()) == (
+            409,
+            {"error": "rollout Mixed-Case-1 was not launched by pool worker pod-1"},
+        )
 
 
 def test_only_the_pod_that_launched_a_rollout_reports_its_outcome(gateway: RunningGateway) -> None:

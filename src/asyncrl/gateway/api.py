@@ -1,6 +1,6 @@
 """The gateway's management and store API (FastAPI): the app, its error shape and request counting, and the
 routers by concern (`asyncrl.gateway.routes`: pause and upstreams, rollouts and claims, events, feeds and
-summary, health and metrics).
+summary, health and metrics, the agent pool), each behind the one access check (`access.py`'s table).
 
 Off the hot path, so clarity wins here: typed request models and one error shape (`{"error": ..., ...}`).
 Model calls do not come through here: the ASGI front (`app.py`) sends them to the proxy directly.
@@ -18,15 +18,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.door import Refused
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState
-from asyncrl.gateway.pool_api import pool_router
 from asyncrl.gateway.proxy import ProxyHandler
-from asyncrl.gateway.routes.common import ApiError, GatewayParts
+from asyncrl.gateway.routes.common import ApiError, GatewayParts, access_check
 from asyncrl.gateway.routes.events import events_router
 from asyncrl.gateway.routes.feeds import feeds_router
 from asyncrl.gateway.routes.health import health_router
 from asyncrl.gateway.routes.pause import pause_router
+from asyncrl.gateway.routes.pool import pool_router
 from asyncrl.gateway.routes.rollouts import rollouts_router
 from asyncrl.gateway.store import RolloutStore
 
@@ -51,7 +52,13 @@ def build_api(
         finally:
             await proxy.close()
 
-    app = FastAPI(title="asyncrl gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="asyncrl gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        dependencies=[access_check(parts)],
+    )
     metrics.watch_rollouts(store.counts_by_state)
     _add_error_handlers(app)
 
@@ -62,9 +69,8 @@ def build_api(
         metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
         return response
 
-    for router in (pause_router, rollouts_router, events_router, feeds_router, health_router):
+    for router in (pause_router, rollouts_router, events_router, feeds_router, health_router, pool_router):
         app.include_router(router(parts))
-    app.include_router(pool_router(key=parts.key, store=store))  # agents.mode: Pool (pool_api.py)
     return app
 
 
@@ -74,6 +80,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, error: ApiError) -> JSONResponse:
         return JSONResponse(error.body, status_code=error.status)
+
+    @app.exception_handler(Refused)  # the access check's refusal, answered as the door answers it
+    async def _refused(_request: Request, refused: Refused) -> JSONResponse:
+        return JSONResponse(refused.body, status_code=refused.status, headers=refused.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from asyncrl.gateway.access import Caller, route_access
 from asyncrl.gateway.api import build_api
 from asyncrl.gateway.budgets import AgentBudgets
 from asyncrl.gateway.config import GatewayConfig
@@ -14,7 +15,6 @@ from asyncrl.gateway.door import (
     BODY_METHODS,
     CLIENT_GONE,
     PARSED_BODY_SCOPE_KEY,
-    Caller,
     ClientGone,
     Refused,
     authorize,
@@ -23,7 +23,6 @@ from asyncrl.gateway.door import (
     parse_json,
     read_charged_body,
     replay,
-    route_access,
 )
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.paths import PROXY_PREFIX

@@ -1,24 +1,19 @@
-"""Who may call what: the gateway key for management, and per-rollout agent tokens.
+"""The gateway's credentials: the gateway key, the per-rollout agent tokens, the agent pool's token; and who a
+bearer token proves its holder to be. Which caller may call which route is `access.py`'s table.
 
 An agent's token is an HMAC of its rollout id under the gateway key, so the gateway can check it without
-storing anything, and a token lets its holder call only that rollout's proxy and event routes.
+storing anything; the pool token is an HMAC of a fixed label under the key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from enum import Enum
+
+from asyncrl.gateway.access import Caller
 
 TOKEN_PREFIX = "aglr-"
 POOL_TOKEN_PREFIX = "aglp-"
-
-
-class Access(Enum):
-    MANAGEMENT = "management"
-    ROLLOUT = "rollout"
-    MISSING = "missing"
-    DENIED = "denied"
 
 
 def agent_token(key: str, rollout_id: str) -> str:
@@ -28,8 +23,8 @@ def agent_token(key: str, rollout_id: str) -> str:
 
 
 def pool_token(key: str) -> str:
-    """The bearer token of a run's agent pool pods: it may take rollouts and report their outcomes
-    (`/api/pool/*`), nothing else; the pool gives each agent only its rollout's own token."""
+    """The bearer token of a run's agent pool pods: it may take rollouts and report their outcomes (the pool
+    routes of `access.ROUTES`), nothing else; the pool gives each agent only its rollout's own token."""
     digest = hmac.new(key.encode(), b"asyncrl agent pool", hashlib.sha256).hexdigest()
     return f"{POOL_TOKEN_PREFIX}{digest}"
 
@@ -43,13 +38,17 @@ def bearer(authorization: str | None) -> str | None:
     return value.strip()
 
 
-def check_access(key: str, authorization: str | None, rollout_id: str | None = None) -> Access:
-    """MANAGEMENT for the gateway key; ROLLOUT for the token of `rollout_id`; else MISSING or DENIED."""
+def identify(key: str, authorization: str | None, rollout_id: str | None = None) -> Caller | None:
+    """Who the bearer token proves its holder to be: KEY, AGENT (the token of `rollout_id`), POOL, or ANYONE
+    (a token that proves nothing here); None when there is no bearer token."""
     token = bearer(authorization)
     if token is None:
-        return Access.MISSING
-    if hmac.compare_digest(token.encode(), key.encode()):
-        return Access.MANAGEMENT
-    if rollout_id is not None and hmac.compare_digest(token.encode(), agent_token(key, rollout_id).encode()):
-        return Access.ROLLOUT
-    return Access.DENIED
+        return None
+    given = token.encode()
+    if hmac.compare_digest(given, key.encode()):
+        return Caller.KEY
+    if rollout_id is not None and hmac.compare_digest(given, agent_token(key, rollout_id).encode()):
+        return Caller.AGENT
+    if hmac.compare_digest(given, pool_token(key).encode()):
+        return Caller.POOL
+    return Caller.ANYONE

@@ -343,7 +343,7 @@ class GatewayClient:
         return GatewayStats.model_validate((await self._request("GET", "/api/stats")).json())
 
     async def release_pool_workers(self, live_workers: list[str]) -> list[str]:
-        """Fail the rollouts held by agent pool pods not in `live_workers` (`gateway/pool_api.py`)."""
+        """Fail the rollouts held by agent pool pods not in `live_workers` (`gateway/routes/pool.py`)."""
         body = PoolRelease(live_workers=live_workers).model_dump()
         response = await self._request("POST", "/api/pool/release", json=body)
         return PoolReleased.model_validate(response.json()).failed

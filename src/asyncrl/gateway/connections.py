@@ -25,7 +25,7 @@ headers or idling is what gets closed first. Only when every open connection is 
 key is the new connection itself closed. The cap is kept below the process's file-descriptor limit (half of
 it: each proxied call also holds an upstream connection), so the accept loop never meets EMFILE.
 
-The caller is learned per request (`door.Caller`); the door records it on the connection through the scope.
+The caller is learned per request (`access.Caller`); the door records it on the connection through the scope.
 Implemented as a subclass of uvicorn's httptools protocol (the server's `http` setting), the one uvicorn
 uses when httptools is installed, as `uvicorn[standard]` guarantees.
 """
@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from asyncrl.gateway.door import Caller
+from asyncrl.gateway.access import Caller
 
 logger = logging.getLogger(__name__)
 

@@ -17,35 +17,29 @@ costs anything:
 Between 1 and 2, an agent token's budget (`budgets.py`: requests in flight, body bytes per second) is
 charged, so one agent cannot take the event loop from the others.
 
-The route table below is the one place that says which routes an agent token may call; the FastAPI
-dependencies in `api.py` repeat the same rule as a second line of defence.
+Which caller may call which route is `access.py`'s table; the routes' own check (`routes/common.py`) reads
+the same table as a second line of defence.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import math
-import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any
 
 import msgspec
 
-from asyncrl.gateway.auth import Access, bearer, check_access, pool_token
+from asyncrl.gateway.access import Caller, Needs, RouteAccess
+from asyncrl.gateway.auth import identify
 from asyncrl.gateway.budgets import VALUE_COST_BYTES, AgentBudgets, OverBudget, json_values
 from asyncrl.gateway.pause import header_seconds
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-POOL_PATH_PREFIX = "/api/pool/"
-_ROLLOUT_READ = re.compile(r"^/api/rollouts/(?P<rollout_id>[^/]+)$")
-_ROLLOUT_EVENTS = re.compile(r"^/api/rollouts/(?P<rollout_id>[^/]+)/attempt/[^/]+/events$")
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _FIELD_PARTS_SHOWN = 8
 # An event's body beyond its data: `event_type` (64 characters at most), the keys, some whitespace.
@@ -59,15 +53,6 @@ CLIENT_GONE = 499  # the metric's status for a request whose client disconnected
 
 class ClientGone(Exception):
     """The client disconnected (mid-body, or while its call was held): there is no one to answer."""
-
-
-class Caller(IntEnum):
-    """Who a request proved to be, in increasing trust; the connection keeps the highest it has seen."""
-
-    ANYONE = 0  # a public route (health, metrics): no credential checked
-    AGENT = 1  # a rollout's agent token: the budgets apply
-    POOL = 2  # the agent pool's token
-    KEY = 3  # the gateway key: the trainer and the operator
 
 
 class Refused(Exception):
@@ -92,62 +77,31 @@ class Refused(Exception):
         self.headers = headers or {}
 
 
-# -- who may call what ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RouteAccess:
-    """What a route needs: nothing (`public`), the gateway key, or a token for `rollout_id`; and the most
-    body bytes it takes from an agent (None: the gateway's --max-body-bytes)."""
-
-    public: bool = False
-    rollout_id: str | None = None  # None and not public: the gateway key
-    pool: bool = False  # the agent pool's routes: the gateway key or the pool token (pool_api.py)
-    event: bool = False  # an agent's event: its body is bounded by the event limit, not the body limit
-
-
-def route_access(method: str, path: str) -> RouteAccess:
-    """The access a management-API request needs; every path not listed needs the gateway key."""
-    if path in PUBLIC_PATHS:
-        return RouteAccess(public=True)
-    if method == "GET" and (match := _ROLLOUT_READ.match(path)):
-        return RouteAccess(rollout_id=match["rollout_id"])
-    if method == "POST" and (match := _ROLLOUT_EVENTS.match(path)):
-        return RouteAccess(rollout_id=match["rollout_id"], event=True)
-    if path.startswith(POOL_PATH_PREFIX):
-        return RouteAccess(pool=True)
-    return RouteAccess()
-
+# -- who is calling (which caller may call which route: `access.py`) ------------------------------------
 
 # A refused credential ends the connection after the answer: it is not kept open for another guess.
 _CLOSE = {"connection": "close"}
 
 
 def authorize(key: str, authorization: str | None, access: RouteAccess) -> Caller:
-    """Who the caller is when it may proceed; else refuse with 401 (no token) or 403 (wrong token)."""
-    if access.public:
+    """Who the caller is when `access` admits it; else refuse with 401 (no token) or 403 (wrong token)."""
+    if access.needs is Needs.NOTHING:
         return Caller.ANYONE
-    token = bearer(authorization)
-    if access.pool and token is not None and hmac.compare_digest(token.encode(), pool_token(key).encode()):
-        return Caller.POOL
-    granted = check_access(key, authorization, access.rollout_id)
-    if granted is Access.MANAGEMENT:
-        return Caller.KEY
-    if granted is Access.ROLLOUT and access.rollout_id is not None:
-        return Caller.AGENT
-    if granted is Access.MISSING:
-        needed = "the gateway key" if access.rollout_id is None else "the gateway key or this rollout's token"
+    caller = identify(key, authorization, access.rollout_id)
+    if caller is None:
         raise Refused(
             401,
-            f"missing bearer token ({needed})",
+            f"missing bearer token ({access.needs.value})",
             rejection_reason="unauthenticated",
             headers={"www-authenticate": "Bearer", **_CLOSE},
         )
-    if access.rollout_id is None:
-        raise Refused(403, "this route needs the gateway key", rejection_reason="forbidden", headers=_CLOSE)
-    raise Refused(
-        403, "this token is not valid for this rollout", rejection_reason="forbidden", headers=_CLOSE
-    )
+    if access.needs.admits(caller):
+        return caller
+    if access.needs is Needs.ROLLOUT_TOKEN:
+        error = "this token is not valid for this rollout"
+    else:
+        error = f"this route needs {access.needs.value}"
+    raise Refused(403, error, rejection_reason="forbidden", headers=_CLOSE)
 
 
 # -- how many bytes -------------------------------------------------------------------------------------

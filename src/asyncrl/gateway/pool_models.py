@@ -1,7 +1,7 @@
 """Wire models of the agent pool's routes (`/api/pool/*`), shared by the gateway and the pool runner.
 
 A pool worker is one long-lived agent pod (`spec.agents.mode: Pool`); it runs one rollout at a time, so the
-gateway can tell from a worker's next claim that its previous rollout is over (see `pool_api.py`).
+gateway can tell from a worker's next claim that its previous rollout is over (see `routes/pool.py`).
 """
 
 from __future__ import annotations

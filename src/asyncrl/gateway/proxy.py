@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from asyncrl.gateway.access import Caller, route_access
 from asyncrl.gateway.budgets import AgentBudgets
 from asyncrl.gateway.capture import capture_call, request_overrides
 from asyncrl.gateway.config import GatewayConfig
@@ -33,10 +34,8 @@ from asyncrl.gateway.connections import record_caller
 from asyncrl.gateway.door import (
     CLIENT_GONE,
     BodyLimit,
-    Caller,
     ClientGone,
     Refused,
-    RouteAccess,
     authorize,
     enter_share,
     parse_json,
@@ -184,7 +183,8 @@ class ProxyHandler:
         if scope["method"] != "POST":
             raise Refused(405, "method not allowed", headers={"allow": "POST"})
         headers = _headers(scope)
-        caller = authorize(self.key, headers.get("authorization"), RouteAccess(rollout_id=rollout_id))
+        access = route_access(scope["method"], scope["path"])  # the gateway key or this rollout's token
+        caller = authorize(self.key, headers.get("authorization"), access)
         record_caller(scope, caller)
         self._check_rollout(rollout_id, attempt_id)
         agent = rollout_id if caller is Caller.AGENT else None  # the gateway key's calls have no budget

@@ -1,9 +1,9 @@
-"""What every router shares: the gateway's parts, the one error shape, and the two access rules.
+"""What every router shares: the gateway's parts, the one error shape, and the access check.
 
 Off the hot path, so clarity wins here: typed request models and one error shape (`{"error": ..., ...}`).
-The gateway key may call everything; an agent token only its own rollout's routes. Requests reach these
-routes only through the door (`door.py`: token before body, byte and JSON limits), because FastAPI reads a
-body before it runs dependencies; the auth dependencies here repeat the door's rule as a second line.
+Which caller may call which route is `access.py`'s table. Requests reach these routes only through the door
+(`door.py`: token before body, byte and JSON limits), because FastAPI reads a body before it runs
+dependencies; `access_check`, which every route runs, reads the same table as a second line.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-from fastapi import Header, Request
+from fastapi import Request
 from fastapi.params import Depends as DependsParam
 
-from asyncrl.gateway.auth import Access, check_access
+from asyncrl.gateway.access import route_access
 from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.door import authorize
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause import PauseState
 from asyncrl.gateway.proxy import ProxyHandler
@@ -80,27 +81,12 @@ class GatewayParts:
             raise ApiError(404, str(error), rollout_id=rollout_id) from error
 
 
-def management(parts: GatewayParts) -> DependsParam:
-    """The dependency of routes only the gateway key may call."""
+def access_check(parts: GatewayParts) -> DependsParam:
+    """The dependency every route runs: the caller `access.py`'s table admits on this method and path, or
+    the door's refusal (`door.Refused`, answered as the door answers it)."""
 
-    def check(authorization: Annotated[str | None, Header()] = None) -> None:
-        access = check_access(parts.key, authorization)
-        if access is Access.MISSING:
-            raise ApiError(401, "missing bearer token (the gateway key)")
-        if access is not Access.MANAGEMENT:
-            raise ApiError(403, "this route needs the gateway key")
-
-    return DependsParam(check)
-
-
-def rollout_access(parts: GatewayParts) -> DependsParam:
-    """The dependency of a rollout's own routes: the gateway key, or that rollout's agent token."""
-
-    def check(rollout_id: str, authorization: Annotated[str | None, Header()] = None) -> None:
-        access = check_access(parts.key, authorization, rollout_id)
-        if access is Access.MISSING:
-            raise ApiError(401, "missing bearer token")
-        if access is Access.DENIED:
-            raise ApiError(403, "this token is not valid for this rollout")
+    def check(request: Request) -> None:
+        access = route_access(request.method, request.scope["path"])
+        authorize(parts.key, request.headers.get("authorization"), access)
 
     return DependsParam(check)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from asyncrl.gateway.capture import events_document
 from asyncrl.gateway.door import PARSED_BODY_SCOPE_KEY
 from asyncrl.gateway.models import AgentEvent, EventsBatchRequest
-from asyncrl.gateway.routes.common import ApiError, GatewayParts, management, rollout_access
+from asyncrl.gateway.routes.common import ApiError, GatewayParts
 from asyncrl.gateway.store import EventRejected, RolloutFinished, RolloutNotFound, UnknownAttempt
 
 _ENCODER = msgspec.json.Encoder()
@@ -27,10 +27,8 @@ _EVENT_SCHEMA = AgentEvent.model_json_schema()
 def events_router(parts: GatewayParts) -> APIRouter:
     router = APIRouter()
     store, metrics = parts.store, parts.metrics
-    Management = management(parts)
-    OwnRollout = rollout_access(parts)
 
-    @router.post("/api/rollouts/events", dependencies=[Management])
+    @router.post("/api/rollouts/events")
     async def rollout_events_batch(request: EventsBatchRequest) -> Response:
         """Many rollouts' events documents in one answer (see `EventsBatchRequest` for the shape and bounds).
 
@@ -62,14 +60,13 @@ def events_router(parts: GatewayParts) -> APIRouter:
         body = b'%s,"documents":[%s]}' % (head[:-1].encode(), b",".join(documents))
         return Response(body, media_type="application/json")
 
-    @router.get("/api/rollouts/{rollout_id}/events", dependencies=[Management])
+    @router.get("/api/rollouts/{rollout_id}/events")
     async def rollout_events(rollout_id: str) -> Response:
         return Response(events_document(parts.rollout(rollout_id)), media_type="application/json")
 
     @router.post(
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events",
         status_code=201,
-        dependencies=[OwnRollout],
         openapi_extra={"requestBody": {"content": {"application/json": {"schema": _EVENT_SCHEMA}}}},
     )
     async def post_event(request: Request, rollout_id: str, attempt_id: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from asyncrl.gateway.models import CompletionPage, GatewayStats, TrainerReport, WindowSummary
-from asyncrl.gateway.routes.common import ApiError, GatewayParts, management
+from asyncrl.gateway.routes.common import ApiError, GatewayParts
 from asyncrl.gateway.store import FeedGap
 from asyncrl.rollouts import RolloutState
 
@@ -22,7 +22,7 @@ TERMINAL_ORDER = tuple(state for state in RolloutState if state.is_terminal)
 
 
 def feeds_router(parts: GatewayParts) -> APIRouter:
-    router = APIRouter(dependencies=[management(parts)])
+    router = APIRouter()
     store = parts.store
 
     @router.get("/api/stats")

@@ -11,13 +11,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 
 from asyncrl.gateway.models import PauseRequest, PauseView, ResumeRequest, UpstreamsUpdate, UpstreamsView
-from asyncrl.gateway.routes.common import GatewayParts, management
+from asyncrl.gateway.routes.common import GatewayParts
 
 DrainWait = Annotated[float | None, Query(ge=0, le=3600, description="Wait this long for the drain.")]
 
 
 def pause_router(parts: GatewayParts) -> APIRouter:
-    router = APIRouter(dependencies=[management(parts)])
+    router = APIRouter()
     pause, proxy, metrics = parts.pause, parts.proxy, parts.metrics
 
     async def view(wait: float | None = None) -> dict[str, Any]:

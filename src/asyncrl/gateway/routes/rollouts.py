@@ -22,13 +22,7 @@ from asyncrl.gateway.models import (
     RolloutView,
     Transition,
 )
-from asyncrl.gateway.routes.common import (
-    ApiError,
-    GatewayParts,
-    management,
-    rollout_access,
-    unless_disconnected,
-)
+from asyncrl.gateway.routes.common import ApiError, GatewayParts, unless_disconnected
 from asyncrl.gateway.store import (
     RolloutConflict,
 )
@@ -40,10 +34,8 @@ PAGE_PATTERN = r"^[0-9]{1,18}$"  # a listing position, as `next_page` gave it
 def rollouts_router(parts: GatewayParts) -> APIRouter:
     router = APIRouter()
     store = parts.store
-    Management = management(parts)
-    OwnRollout = rollout_access(parts)
 
-    @router.post("/api/rollouts", status_code=201, dependencies=[Management])
+    @router.post("/api/rollouts", status_code=201)
     async def create_rollouts(requests: list[RolloutCreate]) -> dict[str, list[RolloutView]]:
         try:
             created = store.create(requests)
@@ -51,7 +43,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
             raise ApiError(409, str(error)) from error
         return {"rollouts": [rollout.view() for rollout in created]}
 
-    @router.get("/api/rollouts", dependencies=[Management])
+    @router.get("/api/rollouts")
     async def list_rollouts(
         state: RolloutState | None = None,
         group_id: str | None = None,
@@ -67,7 +59,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
         )
         return Response(answer.model_dump_json(), media_type="application/json")
 
-    @router.post("/api/rollouts/claim", dependencies=[Management])
+    @router.post("/api/rollouts/claim")
     async def claim(
         http_request: Request, request: Annotated[ClaimRequest | None, Body()] = None
     ) -> dict[str, list[RolloutView]]:
@@ -88,15 +80,15 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
             return {"rollouts": []}
         return {"rollouts": [rollout.view() for rollout in claimed]}
 
-    @router.post("/api/rollouts/delete", dependencies=[Management])
+    @router.post("/api/rollouts/delete")
     async def delete_rollouts(request: DeleteRequest) -> dict[str, int]:
         return {"deleted": store.delete(request.rollout_ids)}
 
-    @router.get("/api/rollouts/{rollout_id}", dependencies=[OwnRollout])
+    @router.get("/api/rollouts/{rollout_id}")
     async def get_rollout(rollout_id: str) -> RolloutView:
         return parts.rollout(rollout_id).view()
 
-    @router.post("/api/rollouts/{rollout_id}/transition", dependencies=[Management])
+    @router.post("/api/rollouts/{rollout_id}/transition")
     async def transition(rollout_id: str, request: Transition) -> RolloutView:
         parts.rollout(rollout_id)
         try:
@@ -107,7 +99,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
             raise ApiError(409, str(error)) from error
         return rollout.view()
 
-    @router.post("/api/rollouts/{rollout_id}/launch", dependencies=[Management])
+    @router.post("/api/rollouts/{rollout_id}/launch")
     async def launch(rollout_id: str, request: LaunchRequest) -> LaunchReceipt:
         """Mark the rollout launched (the operator calls this before creating its agent Job); 409 if another
         launch won or the rollout is no longer queued."""

@@ -8,24 +8,23 @@ the agent: handed to it again, it was never run) or `running` (the worker restar
 never rerun). Rollouts of workers that no longer exist (a deleted pod) are failed by the operator through
 `/api/pool/release`.
 
-The pool token (`auth.pool_token`) allows these routes only, and not `release` (the operator's, with the
-gateway key: a pool pod must not fail other pods' rollouts); agents get their rollout's own token.
+The pool token (`auth.pool_token`) opens `claim` and `transition` and nothing else; `release` is the
+operator's, with the gateway key (a pool pod must not fail other pods' rollouts); agents get their rollout's
+own token. As for every route, `access.py`'s table says so.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import time
 import uuid
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Request
 
-from asyncrl.gateway.auth import agent_token, bearer, pool_token
+from asyncrl.gateway.auth import agent_token
 from asyncrl.gateway.pool_models import PoolAssignment, PoolClaim, PoolOutcome, PoolRelease, PoolReleased
-from asyncrl.gateway.routes.common import unless_disconnected
-from asyncrl.gateway.store import Rollout, RolloutConflict, RolloutNotFound, RolloutStore
+from asyncrl.gateway.routes.common import ApiError, GatewayParts, unless_disconnected
+from asyncrl.gateway.store import Rollout, RolloutConflict
 from asyncrl.rollouts import RolloutState
 
 LAUNCH_PREFIX = "pool:"
@@ -47,25 +46,9 @@ def worker_of(rollout: Rollout) -> str | None:
     return launch_id[len(LAUNCH_PREFIX) :].rpartition(":")[0] or None
 
 
-def pool_router(*, key: str, store: RolloutStore) -> APIRouter:
-    token = pool_token(key)
-
-    def pool_access(authorization: Annotated[str | None, Header()] = None) -> None:
-        given = bearer(authorization)
-        if given is None:
-            raise HTTPException(401, "missing bearer token (the agent pool token)")
-        allowed = (token, key)  # the operator's gateway key may do what the pool may
-        if not any(hmac.compare_digest(given.encode(), value.encode()) for value in allowed):
-            raise HTTPException(403, "this route needs the agent pool token")
-
-    def operator_access(authorization: Annotated[str | None, Header()] = None) -> None:
-        given = bearer(authorization)
-        if given is None or not hmac.compare_digest(given.encode(), key.encode()):
-            raise HTTPException(
-                403, "releasing pool workers' rollouts needs the gateway key (the operator's)"
-            )
-
-    router = APIRouter(prefix="/api/pool", dependencies=[Depends(pool_access)])
+def pool_router(parts: GatewayParts) -> APIRouter:
+    router = APIRouter(prefix="/api/pool")
+    store, key = parts.store, parts.key
 
     def fail(rollout: Rollout, message: str) -> None:
         with contextlib.suppress(RolloutConflict):  # ended meanwhile (cancelled, timed out)
@@ -98,21 +81,18 @@ def pool_router(*, key: str, store: RolloutStore) -> APIRouter:
 
     @router.post("/rollouts/{rollout_id}/transition")
     async def transition(rollout_id: str, request: PoolOutcome) -> dict[str, str]:
-        try:
-            rollout = store.get(rollout_id)
-        except RolloutNotFound as error:
-            raise HTTPException(404, f"rollout {rollout_id} not found") from error
+        rollout = parts.rollout(rollout_id)
         if worker_of(rollout) != request.worker:
-            raise HTTPException(409, f"rollout {rollout_id} was not launched by pool worker {request.worker}")
+            raise ApiError(409, f"rollout {rollout_id} was not launched by pool worker {request.worker}")
         try:
             rollout = store.transition(
                 rollout_id, request.state, message=request.message, attempt_id=request.attempt_id
             )
         except RolloutConflict as error:
-            raise HTTPException(409, str(error)) from error
+            raise ApiError(409, str(error)) from error
         return {"rollout_id": rollout_id, "state": str(rollout.state)}
 
-    @router.post("/release", dependencies=[Depends(operator_access)])
+    @router.post("/release")
     async def release(request: PoolRelease) -> PoolReleased:
         live = set(request.live_workers)
         failed: list[str] = []
