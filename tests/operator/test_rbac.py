@@ -268,6 +268,8 @@ def test_the_namespaced_role_refuses_what_the_operator_does_not_need(
         ["patch", "deployments.apps", *ns],
         ["list", "pods", *ns],
         ["get", "secrets", *ns],
+        ["watch", "services", *ns],  # the operator's label-selected watches of its children
+        ["watch", "configmaps", *ns],
         ["create", "events.events.k8s.io", *ns],
         ["watch", "customresourcedefinitions.apiextensions.k8s.io"],
     ]
@@ -277,6 +279,7 @@ def test_the_namespaced_role_refuses_what_the_operator_does_not_need(
         ["get", "secrets", "-n", "default"],
         ["get", "secrets", "-n", "kube-system"],
         ["list", "secrets", *ns],  # get by name only: it cannot enumerate the namespace's Secrets
+        ["watch", "secrets", *ns],
         ["update", "secrets", *ns],
         ["delete", "configmaps", *ns],
         ["create", "pods", *ns],

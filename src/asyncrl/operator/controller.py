@@ -49,6 +49,7 @@ from asyncrl.gateway.client import GatewayClient, GatewayError, new_claim_key
 from asyncrl.gateway.models import RolloutView
 from asyncrl.operator import names
 from asyncrl.operator.agent_jobs import AgentJobSettings, agent_launch, shape_agent_job
+from asyncrl.operator.child_index import ChildIndex
 from asyncrl.operator.children import owner_reference
 from asyncrl.operator.gateway_link import GatewayLink
 from asyncrl.operator.job_state import rollout_state_of_job
@@ -102,7 +103,13 @@ class _JobBook:
 
 class RunController:
     def __init__(
-        self, context: RunContext, *, kube: Kube, metrics: OperatorMetrics, renderer: TemplateRenderer
+        self,
+        context: RunContext,
+        *,
+        kube: Kube,
+        metrics: OperatorMetrics,
+        renderer: TemplateRenderer,
+        index: ChildIndex | None = None,
     ) -> None:
         self.context = context
         self.kube = kube
@@ -131,7 +138,13 @@ class RunController:
             on_restart=self._gateway_restarted,
         )
         self.reconciler = Reconciler(
-            context, dispatcher=self, link=self.link, kube=kube, gateway=self.gateway, metrics=metrics
+            context,
+            dispatcher=self,
+            link=self.link,
+            kube=kube,
+            gateway=self.gateway,
+            metrics=metrics,
+            index=index,
         )
 
     # -- entry points -------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,10 +28,11 @@ from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, InvalidRun
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.api.types.status import Condition, ConditionStatus, Phase, with_condition
 from asyncrl.operator import children, children_io, names, ray_child
+from asyncrl.operator.child_index import ChildIndex
 from asyncrl.operator.children_io import TrainerJobCreation, TrainerJobRejected
 from asyncrl.operator.controller import RunController
 from asyncrl.operator.diffbase import RunDiffBaseStorage
-from asyncrl.operator.kube import JSON, JobWatch, Kube
+from asyncrl.operator.kube import JSON, Kube, LabelWatch, count_requests
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.renderer import RenderSettings, TemplateRenderer
 from asyncrl.operator.retry import Backoff, one_line_reason
@@ -56,15 +58,39 @@ class Runtime:
     metrics: OperatorMetrics
     renderer: TemplateRenderer
     controllers: dict[tuple[str, str], RunController] = field(default_factory=dict)
-    watches: list[JobWatch] = field(default_factory=list)
+    watches: list[LabelWatch] = field(default_factory=list)
     runs: dict[tuple[str, str], _RunTask] = field(default_factory=dict)
+    index: ChildIndex = field(default_factory=ChildIndex)
 
-    def deliver(self, event_type: str, job: JSON) -> None:
-        labels = job["metadata"].get("labels") or {}
-        run = labels.get(names.LABEL_RUN)
-        controller = self.controllers.get((job["metadata"]["namespace"], run or ""))
-        if controller is not None:
-            controller.on_job_event(event_type, job)
+    def watch(self, kind: str, namespace: str | None) -> None:
+        """Start the label-selected watch of one kind of our objects in one scope."""
+        watch = LabelWatch(
+            self.kube,
+            kind,
+            namespace,
+            deliver=functools.partial(self.deliver, kind),
+            listed=functools.partial(self.listed, kind, namespace),
+        )
+        watch.start()
+        self.watches.append(watch)
+
+    def listed(self, kind: str, namespace: str | None, items: list[JSON]) -> None:
+        """A watch's (re)listing: the index learns exactly what exists; Jobs are replayed to their runs."""
+        self.index.listed(kind, namespace, items)
+        if kind == "Job":
+            for job in items:
+                self.deliver(kind, "SYNC", job)
+
+    def deliver(self, kind: str, event_type: str, item: JSON) -> None:
+        self.index.apply(kind, event_type, item)
+        labels = item["metadata"].get("labels") or {}
+        controller = self.controllers.get((item["metadata"]["namespace"], labels.get(names.LABEL_RUN) or ""))
+        if controller is None:
+            return
+        if kind == "Job":
+            controller.on_job_event(event_type, item)
+        elif event_type == "DELETED":
+            controller.reconciler.child_deleted()  # recreated now, not at a requeue
 
 
 @dataclass
@@ -73,6 +99,10 @@ class _RunTask:
     task: asyncio.Task[None]
 
 
+# Watched, one label-selected watch each per namespace: the agent and trainer Jobs, and the children a run's
+# reconcile checks at every round (its index, not a GET). Secrets are not: the operator may not list them
+# (docs/install.md), so the reconcile reads the key Secret by name, less often (reconciler.py).
+WATCHED_KINDS = ("Job", "Service", "ConfigMap")
 CLAIM_RETRY_SECONDS = 15  # how soon a run waiting for its checkpoint claim looks again
 RESTART_BACKOFF = Backoff(first_seconds=10.0, max_seconds=60.0, jitter_seconds=2.0)
 
@@ -112,6 +142,10 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     # With explicit namespaces there is nothing to discover: skip kopf's cluster-wide namespace scan, which
     # the least-privilege namespaced RBAC denies (kopf retried it for about a minute before handling runs).
     settings.scanning.disabled = bool(config.namespaces)
+    metrics: OperatorMetrics = memo.metrics
+    count_requests(
+        config.api_client, lambda verb, resource: metrics.api_requests.labels(verb, resource).inc()
+    )
     runtime = Runtime(
         config=config,
         kube=Kube(config.api_client),
@@ -121,9 +155,8 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     memo.runtime = runtime
     scopes: list[str | None] = list(config.namespaces) or [None]
     for namespace in scopes:
-        watch = JobWatch(runtime.kube, namespace, runtime.deliver)
-        watch.start()
-        runtime.watches.append(watch)
+        for kind in WATCHED_KINDS:
+            runtime.watch(kind, namespace)
 
 
 @kopf.on.cleanup()
@@ -373,7 +406,9 @@ async def run_controller(body: Mapping[str, Any], runtime: Runtime) -> None:
         gateway_key=gateway_key,
         template_source=template,
     )
-    controller = RunController(context, kube=kube, metrics=runtime.metrics, renderer=runtime.renderer)
+    controller = RunController(
+        context, kube=kube, metrics=runtime.metrics, renderer=runtime.renderer, index=runtime.index
+    )
     runtime.controllers[(namespace, name)] = controller
     # The Job watch only delivers changes; replay the current Jobs of this run so nothing is missed.
     for job in await kube.list_agent_jobs(namespace, name):

@@ -1,4 +1,4 @@
-"""The operator's Kubernetes calls: create-or-get children, agent Jobs, status patches, Events, a Job watch.
+"""The operator's Kubernetes calls: create-or-get children, agent Jobs, status patches, Events, label watches.
 
 The official client is synchronous; calls run in worker threads (`asyncio.to_thread`) so the operator's
 event loop (kopf's) never blocks. Bodies and results are plain JSON dicts, the same shape as the manifests.
@@ -12,9 +12,10 @@ import logging
 import re
 import secrets
 import threading
+import urllib.parse
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from asyncrl.api.types.meta import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from asyncrl.operator import names
@@ -35,6 +36,41 @@ def warning_texts(header_values: list[str]) -> list[str]:
         for match in _WARNING.finditer(value or ""):
             texts.append(re.sub(r"\\(.)", r"\1", match.group(1)))
     return texts
+
+
+def request_labels(method: str, url: str) -> tuple[str, str]:
+    """(verb, resource) of one Kubernetes API request, as the API server's own metrics name them: GET is
+    `get` for one object, `list` for a collection and `watch` with `watch=true`; the resource is
+    `group/resource/subresource`, core resources without a group."""
+    split = urllib.parse.urlsplit(url)
+    parts = [part for part in split.path.split("/") if part]
+    group = ""
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return method.lower(), "(none)"
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]  # a namespaced object; `namespaces/<ns>` alone is the namespace itself
+    resource = "/".join(part for part in (group, *rest[:1], *rest[2:3]) if part) or "(none)"
+    verb = method.lower()
+    if verb == "get":
+        watching = urllib.parse.parse_qs(split.query).get("watch", [""])[0].lower() in ("true", "1")
+        verb = "watch" if watching else ("get" if len(rest) >= 2 else "list")
+    return verb, resource
+
+
+def count_requests(api_client: Any, counted: Callable[[str, str], None]) -> None:
+    """Call `counted(verb, resource)` for every request the client makes (its REST layer, every thread)."""
+    rest = api_client.rest_client
+    request = rest.request
+
+    def counting(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        counted(*request_labels(method, url))
+        return request(method, url, *args, **kwargs)
+
+    rest.request = counting
 
 
 class Kube:
@@ -279,22 +315,45 @@ class Kube:
             logger.warning("could not post event %s on %s: %s", reason, metadata["name"], error)
 
 
-class JobWatch:
-    """One server-side label-selected watch of our Jobs per namespace, delivered into the event loop.
+class LabelWatch:
+    """One server-side label-selected watch of one kind of our objects per namespace (or cluster-wide),
+    delivered into the event loop: Jobs (the agents' and the trainer's), Services and ConfigMaps.
 
-    kopf's label filters are evaluated client-side over a watch of every Job in scope, so this watch uses
+    kopf's label filters are evaluated client-side over a watch of every object in scope, so this watch uses
     the API server's label selector instead. It runs in a thread (the client is synchronous) and hands each
-    event to `deliver` on the operator's loop; after a disconnect it relists, so no Job state is missed.
+    listing to `listed` and each event to `deliver` on the operator's loop, in order; after a disconnect it
+    relists, so no state is missed (a child deleted meanwhile is absent from the new listing).
     """
 
-    def __init__(self, kube: Kube, namespace: str | None, deliver: Callable[[str, JSON], None]) -> None:
-        self.kube = kube
+    _LISTS: ClassVar[dict[str, tuple[str, str, str]]] = {  # kind: (API, namespaced, cluster-wide list)
+        "Job": ("batch", "list_namespaced_job", "list_job_for_all_namespaces"),
+        "Service": ("core", "list_namespaced_service", "list_service_for_all_namespaces"),
+        "ConfigMap": ("core", "list_namespaced_config_map", "list_config_map_for_all_namespaces"),
+    }
+
+    def __init__(
+        self,
+        kube: Kube,
+        kind: str,
+        namespace: str | None,
+        *,
+        deliver: Callable[[str, JSON], None],
+        listed: Callable[[list[JSON]], None],
+    ) -> None:
+        api, namespaced, everywhere = self._LISTS[kind]
+        self.kind = kind
         self.namespace = namespace
+        self._list_call: Callable[..., Any] = getattr(
+            getattr(kube, api), namespaced if namespace else everywhere
+        )
         self.deliver = deliver
+        self.listed = listed
         self._loop = asyncio.get_running_loop()
         self._stopping = threading.Event()
         self._watch: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"job-watch-{namespace or 'all'}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"{kind.lower()}-watch-{namespace or 'all'}", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -306,8 +365,8 @@ class JobWatch:
 
     def _list(self, **kwargs: Any) -> Any:
         if self.namespace:
-            return self.kube.batch.list_namespaced_job(self.namespace, **kwargs)
-        return self.kube.batch.list_job_for_all_namespaces(**kwargs)
+            return self._list_call(self.namespace, **kwargs)
+        return self._list_call(**kwargs)
 
     def _run(self) -> None:
         from kubernetes import watch
@@ -317,15 +376,14 @@ class JobWatch:
             try:
                 if not resource_version:
                     listing = json.loads(
-                        self._list(label_selector=names.JOB_SELECTOR, _preload_content=False).data
+                        self._list(label_selector=names.MANAGED_SELECTOR, _preload_content=False).data
                     )
                     resource_version = listing["metadata"]["resourceVersion"]
-                    for job in listing["items"]:
-                        self._loop.call_soon_threadsafe(self.deliver, "SYNC", job)
+                    self._loop.call_soon_threadsafe(self.listed, listing["items"])
                 self._watch = watch.Watch()  # type: ignore[no-untyped-call]
                 stream = self._watch.stream(
                     self._list,
-                    label_selector=names.JOB_SELECTOR,
+                    label_selector=names.MANAGED_SELECTOR,
                     resource_version=resource_version,
                     timeout_seconds=300,
                     allow_watch_bookmarks=True,
@@ -343,6 +401,8 @@ class JobWatch:
             except Exception as error:
                 if self._stopping.is_set():
                     return
-                logger.warning("agent Job watch (%s) failed, relisting: %s", self.namespace or "all", error)
+                logger.warning(
+                    "%s watch (%s) failed, relisting: %s", self.kind, self.namespace or "all", error
+                )
                 resource_version = ""
                 self._stopping.wait(1.0)

@@ -43,6 +43,12 @@ class OperatorMetrics:
             registry=self.registry,
         )
         self.errors = Counter("asyncrl_operator_errors", "Errors by kind.", ["kind"], registry=self.registry)
+        self.api_requests = Counter(
+            "asyncrl_operator_api_requests",
+            "Kubernetes API requests of the operator's client by verb and resource (kopf's own not counted).",
+            ["verb", "resource"],
+            registry=self.registry,
+        )
         self.status_writes = Counter(
             "asyncrl_operator_status_writes", "Status patches.", registry=self.registry
         )

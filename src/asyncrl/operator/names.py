@@ -39,9 +39,10 @@ COMPONENT_AGENT = "agent"
 COMPONENT_TRAINER = "trainer"
 COMPONENT_GATEWAY = "gateway"
 
-# Server-side selectors: the one Job watch per namespace (agent and trainer Jobs), and a run's agent Jobs.
-JOB_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
-AGENT_JOB_SELECTOR = f"{JOB_SELECTOR},{LABEL_COMPONENT}={COMPONENT_AGENT}"
+# Server-side selectors: the operator's watches per namespace (every object it creates carries the label),
+# and a run's agent Jobs.
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+AGENT_JOB_SELECTOR = f"{MANAGED_SELECTOR},{LABEL_COMPONENT}={COMPONENT_AGENT}"
 
 
 def _hash(text: str, length: int) -> str:

@@ -2,12 +2,13 @@
 
 The rollout dispatcher (`controller.RunController`) launches agent Jobs and reports what it observed; the
 Job watch reports the trainer Job (`observe_trainer`); the summary loop long-polls the trainer's window
-summary and reads the gateway's stats. Each of them wakes the reconcile (`changed()`), which also runs every
-`REQUEUE_SECONDS` on its own. A reconcile reads the children when due (every requeue, and at once when the
-trainer was seen gone): the Secret, ConfigMap and Service by a GET each, the trainer Job (or the RayCluster
-and its head pod) too. It then creates the missing ones, suspends or resumes the trainer, stops the agents of
-a failed run, posts the events and patches the status, at most once per `STATUS_MIN_INTERVAL_SECONDS` and only
-when the payload differs from what it last wrote.
+summary and reads the gateway's stats. Each of them wakes the reconcile (`changed()`), as does a watched
+child's deletion, and it also runs every `REQUEUE_SECONDS` on its own. A reconcile knows which children exist
+from the operator's watches (`child_index.ChildIndex`: the trainer Job, Service and ConfigMap), reads the key
+Secret by a GET every `SECRET_READ_SECONDS` and a RayCluster (and its head pod) every requeue, and reads
+everything every `CHILDREN_RESYNC_SECONDS`. It then creates the missing ones, suspends or resumes the
+trainer, stops the agents of a failed run, posts the events and patches the status, at most once per
+`STATUS_MIN_INTERVAL_SECONDS` and only when the payload differs from what it last wrote.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from asyncrl.api.types import AgentsMode
 from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.models import TrainerOutcome, TrainerReport
 from asyncrl.operator import children_io, names, ray_child
+from asyncrl.operator.child_index import ChildIndex
 from asyncrl.operator.gateway_link import GatewayLink
 from asyncrl.operator.kube import JSON, Kube
 from asyncrl.operator.metrics import OperatorMetrics
@@ -42,7 +44,9 @@ logger = logging.getLogger(__name__)
 
 STATUS_MIN_INTERVAL_SECONDS = 1.0
 SUMMARY_WAIT_SECONDS = 30
-REQUEUE_SECONDS = 5.0  # a reconcile at least this often, reading the children (and a RayCluster's driver)
+REQUEUE_SECONDS = 5.0  # a reconcile at least this often (and a read of a RayCluster's driver)
+SECRET_READ_SECONDS = 30.0  # the key Secret: read by name, the operator may not watch Secrets
+CHILDREN_RESYNC_SECONDS = 300.0  # every child read by a GET, whatever the watches said
 
 
 class Dispatcher(Protocol):
@@ -70,6 +74,7 @@ class Reconciler:
         kube: Kube,
         gateway: GatewayClient,
         metrics: OperatorMetrics,
+        index: ChildIndex | None = None,
     ) -> None:
         self.context = context
         self.dispatcher = dispatcher
@@ -85,7 +90,11 @@ class Reconciler:
         self._rollout_counts: dict[RolloutState, int] | None = None
         self._trainer_report: TrainerReport | None = None
         self._stats_read_at = -float("inf")  # monotonic time of the last stats read
-        self._children_read_at = -float("inf")
+        self._children_read_at = -float("inf")  # monotonic time of the last read of every child
+        self._polled_at = -float("inf")  # of the last requeue's reads (what no watch reports)
+        self._secret_read_at = -float("inf")
+        self._secret_present = True
+        self.index = index
         # The last recreate failure said in an event, per child: a failure that repeats every requeue (5 s) is
         # said once, and again only when it changes or after the child was created.
         self._recreate_failures: dict[Child, str] = {}
@@ -101,7 +110,15 @@ class Reconciler:
 
     def observe_trainer_job(self, event_type: str, job: JSON) -> None:
         """The trainer Job's watch event (or its listing at start)."""
+        if event_type == "DELETED":
+            self.child_deleted()
         self.trainer = None if event_type == "DELETED" else trainer_of_job(job)
+        self._dirty.set()
+
+    def child_deleted(self) -> None:
+        """A watched child was deleted: reconcile now, and read the key Secret too (deletions come together,
+        `kubectl delete -l ...`, and what is recreated next may mount it)."""
+        self._secret_read_at = -float("inf")
         self._dirty.set()
 
     # -- the loops -----------------------------------------------------------------------------------------
@@ -186,29 +203,66 @@ class Reconciler:
             await dispatcher.stop_agents()
 
     async def _missing_children(self) -> frozenset[Child]:
-        """The desired children found absent, read when due (a requeue, or the trainer seen gone)."""
-        due = time.monotonic() - self._children_read_at >= REQUEUE_SECONDS or self.trainer is None
-        if not due:
-            return frozenset()
-        self._children_read_at = time.monotonic()
+        """The desired children found absent.
+
+        The watched ones (the trainer Job, the Service, the ConfigMap) come from the operator's watch index
+        at every round, at no cost; one the index has not listed yet, by a GET each requeue. The key Secret,
+        which the operator may not list or watch, by a GET every `SECRET_READ_SECONDS`. Everything by a GET
+        every `CHILDREN_RESYNC_SECONDS`, a safety net under the watches. A multi-node run's RayCluster (and
+        its driver's state) by a GET each requeue, and at once when the trainer was seen gone.
+        """
+        now = time.monotonic()
+        resync = now - self._children_read_at >= CHILDREN_RESYNC_SECONDS
+        poll = now - self._polled_at >= REQUEUE_SECONDS
         context, kube = self.context, self.kube
         namespace, run_name = context.namespace, context.name
+
+        def known(kind: str, name: str) -> bool | None:
+            return None if resync or self.index is None else self.index.exists(kind, namespace, name)
+
+        async def present(kind: str, name: str) -> bool | None:
+            """Whether it exists; None when it was not due to be read (taken as present)."""
+            seen = known(kind, name)
+            if seen is not None:
+                return seen
+            if resync or poll:
+                return await kube.exists(kind, namespace, name)
+            return None
+
         try:
             if context.spec.trainer.nodes > 1:
-                self.trainer = await ray_child.read_trainer(kube, namespace, run_name)
+                if resync or poll or self.trainer is None:
+                    self.trainer = await ray_child.read_trainer(kube, namespace, run_name)
             else:
-                job = await kube.read_job(namespace, names.trainer_job_name(run_name))
-                self.trainer = None if job is None else trainer_of_job(job)
+                job_name = names.trainer_job_name(run_name)
+                seen = known("Job", job_name)
+                if seen is False:
+                    self.trainer = None
+                elif self.trainer is None or (seen is None and (resync or poll)):
+                    job = await kube.read_job(namespace, job_name)
+                    self.trainer = None if job is None else trainer_of_job(job)
             missing = {Child.TRAINER} if self.trainer is None else set()
             for child in children_io.desired_children(context.spec):
                 if child is Child.TRAINER:
                     continue
                 body = self._desired(child)
-                if not await kube.exists(body["kind"], namespace, body["metadata"]["name"]):
+                kind, name = body["kind"], body["metadata"]["name"]
+                if child is Child.KEY_SECRET:
+                    if resync or now - self._secret_read_at >= SECRET_READ_SECONDS:
+                        self._secret_present = await kube.exists(kind, namespace, name)
+                        self._secret_read_at = now
+                    exists: bool | None = self._secret_present
+                else:
+                    exists = await present(kind, name)
+                if exists is False:
                     missing.add(child)
         except Exception as error:  # the API server may be briefly away: the next requeue reads again
             logger.warning("run %s: reading its children failed: %s", run_name, one_line_reason(error))
             return frozenset()
+        if poll:
+            self._polled_at = now
+        if resync:
+            self._children_read_at = now
         return frozenset(missing)
 
     def _desired(self, child: Child) -> JSON:
@@ -223,8 +277,22 @@ class Reconciler:
             try:
                 if child is Child.TRAINER:
                     await children_io.create_trainer(kube, context.run, context.spec)
+                    if context.spec.trainer.nodes == 1 and self.index is not None:
+                        job = {
+                            "metadata": {
+                                "namespace": context.namespace,
+                                "name": names.trainer_job_name(context.name),
+                            }
+                        }
+                        self.index.apply("Job", "ADDED", job)
                 else:
-                    await children_io.create_child(kube, self._desired(child))
+                    body = self._desired(child)
+                    await children_io.create_child(kube, body)
+                    # Known at once, before its watch event: the next round must not create it again.
+                    if child is Child.KEY_SECRET:
+                        self._secret_present = True
+                    elif self.index is not None:
+                        self.index.apply(body["kind"], "ADDED", body)
             except Exception as error:  # said in an event; the next reconcile tries again
                 message = f"could not recreate the run's {child.value}: {one_line_reason(error)}"
                 logger.warning("run %s: %s", context.name, message)
@@ -250,7 +318,7 @@ class Reconciler:
             logger.info(
                 "run %s: trainer %s", context.name, "suspended" if actions.trainer_suspend else "resumed"
             )
-            self._children_read_at = -float("inf")  # read the trainer's new state next time
+            self._polled_at = -float("inf")  # a RayCluster's new state is read, not watched: next round
 
     # -- the gateway's stats ------------------------------------------------------------------------------
 
