@@ -11,7 +11,10 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """benchmarks/<name>.py, executed and registered as module `name` (its dataclasses look it up there)."""
+    """benchmarks/<name>.py, executed and registered as module `name` (its dataclasses look it up there).
+    The scripts import their siblings (`_common`, `operator_jobs`) as a script run from benchmarks/ would."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
