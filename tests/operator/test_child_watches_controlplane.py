@@ -87,3 +87,53 @@ def test_a_running_run_reads_no_watched_child_and_its_key_secret_every_30_second
             assert after.get(("watch", resource), 0) >= 1, (resource, after)
     finally:
         operator.stop()
+
+
+def test_the_config_map_and_service_watches_carry_names_not_data(api_client: Any, namespace: str) -> None:
+    """A run's ConfigMap may hold 1 MiB of inline rows: its watch asks the API server for metadata only, and
+    a deletion still arrives (the reconcile recreates from it)."""
+    import asyncio
+
+    from kubernetes import client
+
+    from asyncrl.operator import names
+    from asyncrl.operator.kube import Kube, LabelWatch
+
+    labels = {names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_RUN: "meta"}
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_config_map(
+        namespace,
+        {"metadata": {"name": "meta-config", "labels": labels}, "data": {"run.yaml": "x" * 100_000}},
+    )
+    listed: list[list[dict[str, Any]]] = []
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    async def watch_until_deleted() -> None:
+        watch = LabelWatch(
+            Kube(api_client),
+            "ConfigMap",
+            namespace,
+            deliver=lambda event_type, item: events.append((event_type, item)),
+            listed=listed.append,
+        )
+        watch.start()
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while not listed and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.1)
+            await asyncio.to_thread(core.delete_namespaced_config_map, "meta-config", namespace)
+            while not any(kind == "DELETED" for kind, _ in events):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise AssertionError(f"no DELETED event within 60 s; events: {events}")
+                await asyncio.sleep(0.1)
+        finally:
+            watch.stop()
+
+    asyncio.run(watch_until_deleted())
+    (items,) = listed[:1]
+    assert [item["metadata"]["name"] for item in items] == ["meta-config"]
+    assert all("data" not in item for item in items), items[0].keys()
+    assert items[0]["kind"] == "PartialObjectMetadata"
+    deleted = [item for kind, item in events if kind == "DELETED"]
+    assert deleted[0]["metadata"]["name"] == "meta-config"
+    assert "data" not in deleted[0]

@@ -315,6 +315,9 @@ class Kube:
             logger.warning("could not post event %s on %s: %s", reason, metadata["name"], error)
 
 
+METADATA_ONLY = frozenset({"Service", "ConfigMap"})  # kinds watched for their names alone
+
+
 class LabelWatch:
     """One server-side label-selected watch of one kind of our objects per namespace (or cluster-wide),
     delivered into the event loop: Jobs (the agents' and the trainer's), Services and ConfigMaps.
@@ -364,6 +367,11 @@ class LabelWatch:
             self._watch.stop()
 
     def _list(self, **kwargs: Any) -> Any:
+        if self.kind in METADATA_ONLY:
+            # Names are all the index needs: the API server sends metadata, not a ConfigMap's data (a run's
+            # run.yaml may carry up to 1 MiB of inline rows) or a Service's spec.
+            shape = "PartialObjectMetadata" if kwargs.get("watch") else "PartialObjectMetadataList"
+            kwargs["_headers"] = {"Accept": f"application/json;as={shape};g=meta.k8s.io;v=v1"}
         if self.namespace:
             return self._list_call(self.namespace, **kwargs)
         return self._list_call(**kwargs)
@@ -379,7 +387,8 @@ class LabelWatch:
                         self._list(label_selector=names.MANAGED_SELECTOR, _preload_content=False).data
                     )
                     resource_version = listing["metadata"]["resourceVersion"]
-                    self._loop.call_soon_threadsafe(self.listed, listing["items"])
+                    items = listing.get("items") or []  # null in an empty metadata-only listing
+                    self._loop.call_soon_threadsafe(self.listed, items)
                 self._watch = watch.Watch()  # type: ignore[no-untyped-call]
                 stream = self._watch.stream(
                     self._list,
