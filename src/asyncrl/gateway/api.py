@@ -8,14 +8,14 @@ Model calls do not come through here: the ASGI front (`app.py`) sends them to th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asyncrl.gateway.config import GatewayConfig
 from asyncrl.gateway.door import Refused
@@ -62,16 +62,37 @@ def build_api(
     metrics.watch_rollouts(store.counts_by_state)
     _add_error_handlers(app)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        response: Response = await call_next(request)
-        route = request.scope.get("route")
-        metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
-
+    app.add_middleware(RequestCounting, metrics=metrics)
     for router in (pause_router, rollouts_router, events_router, feeds_router, health_router, pool_router):
         app.include_router(router(parts))
     return app
+
+
+class RequestCounting:
+    """Counts each answered request by route and status, as plain ASGI: Starlette's `@app.middleware("http")`
+    runs the route in a task of its own and streams the answer back through a queue, several event-loop turns
+    per request, and on a busy gateway each turn waits for a round of proxy work (the pause waited so)."""
+
+    def __init__(self, app: ASGIApp, *, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status: int | None = None
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+        if status is not None:  # none when an exception no handler took escapes: Starlette answers it 500
+            route = scope.get("route")
+            self.metrics.requests.labels(getattr(route, "path", "unmatched"), str(status)).inc()
 
 
 def _add_error_handlers(app: FastAPI) -> None:

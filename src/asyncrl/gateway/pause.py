@@ -122,10 +122,14 @@ class PauseState:
             self._idle.set()
 
     async def wait_drained(self, timeout_seconds: float) -> DrainResult:
-        """Wait (server-side) until no call is in flight, up to `timeout_seconds`."""
+        """Wait (server-side) until no call is in flight, up to `timeout_seconds`.
+
+        Awaited directly, not through `wait_for` (a task of its own): the pause answers one loop turn after
+        the last call left, where each turn of a busy gateway is a round of proxy work."""
         if self.inflight:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), timeout=timeout_seconds)
+                async with asyncio.timeout(timeout_seconds):
+                    await self._idle.wait()
         drained = self.inflight == 0
         if self.paused_at is not None:
             waited = (

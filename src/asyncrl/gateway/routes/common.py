@@ -83,9 +83,10 @@ class GatewayParts:
 
 def access_check(parts: GatewayParts) -> DependsParam:
     """The dependency every route runs: the caller `access.py`'s table admits on this method and path, or
-    the door's refusal (`door.Refused`, answered as the door answers it)."""
+    the door's refusal (`door.Refused`, answered as the door answers it). A coroutine: FastAPI runs a plain
+    function dependency in its thread pool, which cost every request a thread hop and extra loop turns."""
 
-    def check(request: Request) -> None:
+    async def check(request: Request) -> None:
         access = route_access(request.method, request.scope["path"])
         authorize(parts.key, request.headers.get("authorization"), access)
 
