@@ -14,8 +14,11 @@ no events request. (The old path, every consumed rollout's events fetched at the
 gone; docs/benchmarks.md keeps its figures.) `--capture` sets the gateway's capture mode (`compact`
 or `full`); left out, the flag is not passed, so an older gateway (one without compact capture, given first
 on PYTHONPATH) can be measured with the same script. Printed per run: gateway peak RSS (VmHWM), pause to
-update start (median and max over steps after the first), events bytes moved per step, events requests made
-while paused, trainer CPU seconds per step (this process: loop, client, adapter).
+update start (median and max over steps after the first) and of it the pause request, events bytes moved per
+step, events requests made while paused, trainer CPU seconds per step (this process: loop, client, adapter),
+and how late after a resume the calls held through it (pause mode Hold) were answered: the agent's answer
+less the moment the trainer sent the resume, p99 over every held call (the upstream answers at once, so no
+generation time is in it; both processes read the same monotonic clock).
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import KEY, MODEL, start_gateway, table, verdict
+from _common import KEY, MODEL, percentile, start_gateway, table, verdict
 
 from asyncrl.testing.controlplane import free_port
 from asyncrl.testing.processes import ServerProcess, start_server
 
 TARGET_PAUSE_SECONDS = 1.0
+TARGET_PAUSE_AT_FULL_SIZE_SECONDS = 0.1  # issue 27 item 4: at 128 x 8 x 20 calls
+TARGET_RELEASE_P99_SECONDS = 0.05  # issue 27 item 4: a held call answered after the resume
 TARGET_GATEWAY_BYTES = 2 * 1024**3
 
 
@@ -86,7 +91,11 @@ def serve_upstream(port: int, response_tokens: int) -> None:
 # -- the agents: claim, call through the proxy, reward, succeed --------------------------------------------
 
 
-async def run_agents(gateway_url: str, *, calls: int, prompt_tokens: int, concurrency: int) -> None:
+async def run_agents(
+    gateway_url: str, *, calls: int, prompt_tokens: int, concurrency: int, calls_log: Path
+) -> None:
+    """Each model call's `sent answered` (monotonic seconds) goes to `calls_log`, a line each, written at once
+    (this process is stopped by a signal)."""
     import aiohttp
 
     from asyncrl.gateway.auth import agent_token
@@ -105,6 +114,7 @@ async def run_agents(gateway_url: str, *, calls: int, prompt_tokens: int, concur
                 await manager.transition(rollout_id, RolloutState.RUNNING, attempt_id="a1")
                 for turn in range(calls):
                     body = {"model": MODEL, "messages": [{"role": "user", "content": f"{prompt} t{turn}"}]}
+                    sent = time.monotonic()
                     for _ in range(600):  # Reject mode answers 429 while paused; Hold just waits
                         async with http.post(
                             f"{base}/chat/completions", json=body, headers=headers
@@ -113,6 +123,7 @@ async def run_agents(gateway_url: str, *, calls: int, prompt_tokens: int, concur
                             if answer.status != 429:
                                 break
                         await asyncio.sleep(0.2)
+                    log.write(f"{sent} {time.monotonic()}\n")
                 reward = {"event_type": "reward", "data": {"value": 1.0}}
                 async with http.post(
                     f"{gateway_url}/api/rollouts/{rollout_id}/attempt/a1/events", json=reward, headers=headers
@@ -123,6 +134,7 @@ async def run_agents(gateway_url: str, *, calls: int, prompt_tokens: int, concur
                 print(f"agent {rollout_id}: {error}", file=sys.stderr)
 
     timeout = aiohttp.ClientTimeout(total=None)
+    log = calls_log.open("a", buffering=1)  # line-buffered: a line is written as the call ends
     async with GatewayClient(gateway_url, KEY) as manager, aiohttp.ClientSession(timeout=timeout) as http:
         while True:
             for rollout in await manager.claim(limit=256, wait_seconds=5, lease_seconds=3600):
@@ -177,6 +189,7 @@ def _measuring_client(gateway_url: str) -> Any:
             self.single_requests_while_paused = 0
             self.cpu_at_pause: list[float] = []
             self.pause_call_seconds: list[float] = []  # the pause request itself (the drain included)
+            self.resumes_sent: list[float] = []  # monotonic
             self.drain_seconds: list[float] = []  # the drain as the gateway measured it
 
         async def pause(self, **kwargs: Any) -> Any:
@@ -190,6 +203,7 @@ def _measuring_client(gateway_url: str) -> Any:
 
         async def resume(self, *, model_version: int | None = None) -> dict[str, Any]:
             self.paused = False
+            self.resumes_sent.append(time.monotonic())
             return await super().resume(model_version=model_version)
 
         async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -201,6 +215,17 @@ def _measuring_client(gateway_url: str) -> Any:
             return response
 
     return MeasuringClient()
+
+
+def release_seconds(calls: Sequence[tuple[float, float]], resumes: Sequence[float]) -> list[float]:
+    """For each call across a resume (held through it, or aborted at the pause and re-sent): its answer less
+    the last resume before that answer (a released call may be aborted by the next pause and held again)."""
+    late = []
+    for sent, answered in calls:
+        crossed = [resumed for resumed in resumes if sent <= resumed < answered]
+        if crossed:
+            late.append(answered - crossed[-1])
+    return late
 
 
 def _peak_rss_bytes(pid: int) -> int:
@@ -243,9 +268,10 @@ async def _measure(args: argparse.Namespace, *, upstream_url: str, log_dir: Path
 
     capture = [f"--capture={args.capture}"] if args.capture else []
     gateway, gateway_url = start_gateway(upstream_url, log_dir, *capture, name="gateway")
+    calls_log = log_dir / "calls.txt"
     agents = _start_self(
         ["--agents", gateway_url, "--calls", str(args.calls), "--prompt-tokens", str(args.prompt_tokens),
-         "--agent-concurrency", str(args.agent_concurrency)],
+         "--agent-concurrency", str(args.agent_concurrency), "--calls-log", str(calls_log)],
         log_dir / "agents.log",
     )  # fmt: skip
     train_batch = args.train_batch or max(1, args.groups // 2)
@@ -289,6 +315,13 @@ async def _measure(args: argparse.Namespace, *, upstream_url: str, log_dir: Path
     pauses = [line["timing/pause_to_update_seconds"] for line in measured]
     pause_calls = client.pause_call_seconds[1:] or client.pause_call_seconds
     cpu = [b - a for a, b in zip(client.cpu_at_pause, client.cpu_at_pause[1:], strict=False)]
+    calls = [
+        (float(sent), float(answered))
+        for sent, answered in (
+            line.split() for line in calls_log.read_text().splitlines() if line.count(" ") == 1
+        )
+    ]
+    released = release_seconds(calls, client.resumes_sent)
     return {
         "gateway_peak_bytes": peak,
         "pause_median": statistics.median(pauses),
@@ -298,6 +331,9 @@ async def _measure(args: argparse.Namespace, *, upstream_url: str, log_dir: Path
         "requests_while_paused": client.requests_while_paused,
         "single_requests_while_paused": client.single_requests_while_paused,
         "cpu_per_step": statistics.median(cpu) if cpu else float("nan"),
+        "held_calls": len(released),
+        "release_p99": percentile(released, 99),
+        "release_max": max(released, default=float("nan")),
         "rows": backend.rows_trained,
         "seconds": time.monotonic() - started,
         "train_batch": train_batch,
@@ -328,12 +364,14 @@ async def main(args: argparse.Namespace) -> None:
     print(
         table(
             ["gateway peak", "pause->update median", "max", "pause call median", "events MB/step",
-             "requests paused", "per-rollout paused", "trainer CPU s/step", "rows", "wall s"],
+             "requests paused", "per-rollout paused", "trainer CPU s/step", "held calls",
+             "release p99", "max", "rows", "wall s"],
             [
                 [f"{r['gateway_peak_bytes'] / 1024**2:.0f} MiB", f"{r['pause_median']:.3f}s",
                  f"{r['pause_max']:.3f}s", f"{r['pause_call_median']:.3f}s",
                  f"{r['bytes_per_step'] / 1e6:.1f}", r["requests_while_paused"],
-                 r["single_requests_while_paused"], f"{r['cpu_per_step']:.2f}", r["rows"],
+                 r["single_requests_while_paused"], f"{r['cpu_per_step']:.2f}", r["held_calls"],
+                 f"{r['release_p99'] * 1000:.0f} ms", f"{r['release_max'] * 1000:.0f} ms", r["rows"],
                  f"{r['seconds']:.0f}"]
                 for r in [result]
             ],
@@ -344,6 +382,22 @@ async def main(args: argparse.Namespace) -> None:
             "pause to update start <= 1 s",
             result["pause_max"] <= TARGET_PAUSE_SECONDS,
             f"{result['pause_max']:.3f}s",
+        )
+    )
+    full_size = (args.groups, args.rollouts, args.calls) == (128, 8, 20)
+    print(
+        verdict(
+            "pause to update start <= 0.1 s (median; the target holds at 128 x 8 x 20 calls)"
+            + ("" if full_size else ", not this size"),
+            result["pause_median"] <= TARGET_PAUSE_AT_FULL_SIZE_SECONDS,
+            f"{result['pause_median']:.3f}s",
+        )
+    )
+    print(
+        verdict(
+            "held calls answered <= 50 ms after the resume (p99)",
+            result["release_p99"] <= TARGET_RELEASE_P99_SECONDS,
+            f"{result['release_p99'] * 1000:.0f} ms over {result['held_calls']} held calls",
         )
     )
     print(
@@ -383,6 +437,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--agents", help=argparse.SUPPRESS)
+    parser.add_argument("--calls-log", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -397,6 +452,7 @@ if __name__ == "__main__":
                 calls=arguments.calls,
                 prompt_tokens=arguments.prompt_tokens,
                 concurrency=arguments.agent_concurrency,
+                calls_log=arguments.calls_log,
             )
         )
     else:
