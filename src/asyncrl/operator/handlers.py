@@ -1,6 +1,7 @@
-"""kopf wiring: one supervised task per run (children, then the run's controller), spec updates, one Job
-watch per namespace. Everything substantial lives in `children`, `controller` and `status`; this module only
-connects them to kopf's lifecycle.
+"""kopf wiring: one supervised task per run (children, then the run's controller), spec updates, and per
+namespace one label-selected watch each of Jobs, Services and ConfigMaps (`WATCHED_KINDS`), feeding the runs
+and the children index. Everything substantial lives in `children`, `controller` and `status`; this module
+only connects them to kopf's lifecycle.
 
 The per-run tasks are started and stopped from a watch-event handler, not a `kopf.daemon`: kopf puts a
 finalizer on every object that has a daemon, so a run deleted while the operator is down would hang in
