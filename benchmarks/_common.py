@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from asyncrl.gateway.auth import agent_token
+from asyncrl.gateway_api.tokens import agent_token
 from asyncrl.testing.controlplane import free_port
 from asyncrl.testing.processes import ServerProcess, start_server
 
@@ -60,7 +60,7 @@ def start_upstream(log_dir: Path) -> tuple[ServerProcess, str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(
-        [sys.executable, "-m", "asyncrl.testing.fake_upstream", "--port", str(port)],
+        [sys.executable, "-m", "asyncrl.fake_upstream", "--port", str(port)],
         ready_url=f"{url}/stats",
         log_path=log_dir / "upstream.log",
     )

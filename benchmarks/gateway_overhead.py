@@ -1,7 +1,7 @@
 """Gateway proxy overhead: what one hop through the gateway adds to a model call.
 
 What it measures
-    Two real processes on 127.0.0.1: the fake OpenAI-compatible upstream (`asyncrl.testing.fake_upstream`,
+    Two real processes on 127.0.0.1: the fake OpenAI-compatible upstream (`asyncrl.fake_upstream`,
     zero delay) and the gateway (`python -m asyncrl.cli gateway`). A closed-loop load generator in this
     process (one aiohttp session on uvloop; every client sends its next request as soon as the previous one
     answered) posts tiny chat bodies

@@ -74,9 +74,9 @@ from operator_jobs import (
 )
 
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
-from asyncrl.operator import names
 from asyncrl.testing.controlplane import ControlPlane
 from asyncrl.testing.waiting import WaitTimeout, wait_for
+from asyncrl.workloads import names
 
 TARGET_RUNS = 100
 TARGET_LAG_P99_SECONDS = 5.0

@@ -67,11 +67,11 @@ from _common import table, verdict
 from asyncrl.api.crd import default_path
 from asyncrl.api.types.meta import CRD_NAME, GROUP, PLURAL, VERSION
 from asyncrl.launch.podspec import Image, ImageTable
-from asyncrl.operator import names
 from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import ServerProcess, start_server
 from asyncrl.testing.waiting import WaitTimeout, wait_for
+from asyncrl.workloads import names
 
 NAMESPACE = "bench"
 GATEWAY_IMAGE = "asyncrl.bench/gateway"

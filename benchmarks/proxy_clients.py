@@ -9,7 +9,7 @@ Why it exists
     connection cap and a short keep-alive), against the same local server.
 
 What it measures
-    One real process on 127.0.0.1: the fake OpenAI-compatible upstream (`asyncrl.testing.fake_upstream`,
+    One real process on 127.0.0.1: the fake OpenAI-compatible upstream (`asyncrl.fake_upstream`,
     zero delay, an aiohttp server as the gateway's tests use). A closed-loop load generator in this process
     (uvloop, as the gateway runs; every client sends its next request as soon as its last one answered) posts
     tiny chat bodies to /v1/chat/completions, non-streaming (the JSON body read whole) and streaming

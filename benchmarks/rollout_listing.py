@@ -24,9 +24,9 @@ import httpx
 from _common import KEY, management_headers, ms, percentile, run_client, running_servers, table, verdict
 from fastapi.encoders import jsonable_encoder
 
-from asyncrl.gateway.client import GatewayClient
-from asyncrl.gateway.models import DEFAULT_LISTING_PAGE, RolloutCreate, RolloutPage
 from asyncrl.gateway.store import RolloutStore
+from asyncrl.gateway_api.client import GatewayClient
+from asyncrl.gateway_api.models import DEFAULT_LISTING_PAGE, RolloutCreate, RolloutPage
 
 TARGET_LOOP_HOLD_SECONDS = 0.2
 

@@ -53,7 +53,7 @@ import httpx
 import yaml
 
 from asyncrl import metric_names as names
-from asyncrl.gateway.config import KEY_ENV_VAR
+from asyncrl.gateway_api.tokens import KEY_ENV_VAR
 from asyncrl.launch.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

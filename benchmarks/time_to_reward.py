@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -43,21 +44,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from asyncrl.gateway.config import KEY_ENV_VAR
+from asyncrl.gateway_api.tokens import KEY_ENV_VAR
 from asyncrl.launch.processes import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_to_reward_stats import (  # a script's sibling module, found through sys.path
+    PolicyPoint,
     StepPoint,
     consumed_ages,
     group_times,
+    policy_curve,
+    seconds_to_policy_reward,
     seconds_to_reward,
     spread_over_seeds,
     throughput_share,
@@ -78,6 +82,9 @@ REGIMES = ("quickstart", "latency")
 # verl's names (critic/score/mean, timing_s/step); a record reads either, so old and new runs compare.
 REWARD_NAMES = ("critic/score/mean", "training/reward_mean")
 STEP_SECONDS_NAMES = ("timing_s/step", "timing/step_seconds")
+# A policy version is read from its own rollouts only when this many were seen with a reward (a step draws
+# trainBatchSize x samplesPerPrompt = 16 in the quickstart; the last versions of a run may have fewer).
+MIN_POLICY_ROLLOUTS = 8
 UPDATE_SECONDS_NAMES = ("timing/update_phase_seconds",)
 POLL_SECONDS = 0.25
 STOP_WAIT_SECONDS = 60.0
@@ -132,6 +139,9 @@ class Seen:
     lines: list[tuple[float, dict[str, Any]]]
     first_created: float | None = None
     rollout_spans: dict[str, tuple[float, float]] | None = None
+    # rollout id -> (the step that drew it, its reward), from the completion feed
+    rollout_rewards: dict[str, tuple[int, float]] = field(default_factory=dict)
+    feed_gaps: int = 0  # times the completion feed answered 410 (rewards lost to the reading)
 
 
 class _MetricsTail:
@@ -154,7 +164,7 @@ class _MetricsTail:
 
 
 async def _watch(run: subprocess.Popen[bytes], metrics: Path, gateway: httpx.AsyncClient, seen: Seen) -> None:
-    tail, next_listing = _MetricsTail(metrics), 0.0
+    tail, next_listing, cursor = _MetricsTail(metrics), 0.0, 0
     spans: dict[str, tuple[float, float]] = {}
     seen.rollout_spans = spans
     while run.poll() is None:
@@ -171,8 +181,30 @@ async def _watch(run: subprocess.Popen[bytes], metrics: Path, gateway: httpx.Asy
                             float(item["started_at"]),
                             float(item["finished_at"]),
                         )
+            cursor = await _read_completions(gateway, cursor, seen)
         await asyncio.sleep(POLL_SECONDS)
     tail.read(seen)  # a last line written just before the run exited
+
+
+async def _read_completions(gateway: httpx.AsyncClient, cursor: int, seen: Seen) -> int:
+    """Every rollout that ended with a reward, from the gateway's completion feed (each entry once, even for
+    rollouts the trainer deletes right after); the cursor to read from next. A gap in the feed (410: this
+    reader fell behind what the gateway keeps) is counted in `seen.feed_gaps` and skipped."""
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+        while True:
+            answer = await gateway.get("/api/completions", params={"after": cursor, "wait": 0})
+            if answer.status_code == 410:
+                seen.feed_gaps += 1
+                cursor = int(answer.json()["cursor"])
+                continue
+            page = answer.json()
+            for entry in page["entries"]:
+                if entry["reward"] is not None:
+                    seen.rollout_rewards[entry["rollout_id"]] = (int(entry["step"]), float(entry["reward"]))
+            if page["cursor"] == cursor or not page["entries"]:
+                return int(page["cursor"])
+            cursor = int(page["cursor"])
+    return cursor
 
 
 def _stop(run: subprocess.Popen[bytes]) -> None:
@@ -270,6 +302,11 @@ def record_of(
         for step, (at, line) in sorted(by_step.items())
         if (reward := _metric(line, REWARD_NAMES)) is not None
     ]
+    # Version v serves from the end of update v - 1 (its metrics line); version 0 from the first rollout.
+    published = {0: 0.0} | {step + 1: round(at - zero, 3) for step, (at, _) in by_step.items()}
+    policies = policy_curve(
+        drawn=seen.rollout_rewards.values(), published=published, min_rollouts=MIN_POLICY_ROLLOUTS
+    )
     batch = int(spec["trainBatchSize"])
     window = int(spec["async"].get("windowSize") or batch) if spec["async"]["enabled"] else batch
     groups = group_times((rid, a, b) for rid, (a, b) in (seen.rollout_spans or {}).items())
@@ -301,6 +338,9 @@ def record_of(
         "seconds_to_reward": {
             str(threshold): seconds_to_reward(curve=curve, threshold=threshold) for threshold in thresholds
         },
+        "policy_curve": [dataclasses.asdict(p) for p in policies],
+        "rewarded_rollouts_seen": len(seen.rollout_rewards),
+        "completion_feed_gaps": seen.feed_gaps,
         "step_seconds_median": statistics.median(steps) if steps else None,
         "consumed_age_mean": statistics.fmean(ages) if ages else None,
         "consumed_age_max": max(ages) if ages else None,
@@ -416,11 +456,73 @@ def report(records: Sequence[dict[str, Any]], *, thresholds: Sequence[float]) ->
             per_step[config] = _mean_reward_per_step(runs)
         lines.append("mean reward per step over seeds:")
         lines += [f"  {config:<17}" + " ".join(rewards) for config, rewards in per_step.items()]
+        lines += _policy_report(mine, thresholds=thresholds)
+    return lines
+
+
+def _policy_points(record: dict[str, Any]) -> list[PolicyPoint]:
+    return [PolicyPoint(**point) for point in record.get("policy_curve", ())]
+
+
+def _versions_reward(record: dict[str, Any], versions: Sequence[int]) -> float | None:
+    """The mean reward of the run's policy versions among `versions` (those read from enough rollouts)."""
+    rewards = [p.reward for p in _policy_points(record) if p.version in versions]
+    return statistics.fmean(rewards) if rewards else None
+
+
+def _last_common_versions(runs: Sequence[dict[str, Any]], count: int = 4) -> list[int]:
+    """The last `count` versions read in every run: an async run's last version or two drew too few rollouts
+    before the run ended to be read, and comparing sync's last versions with async's earlier ones would be
+    unfair to async."""
+    common = set.intersection(*({p.version for p in _policy_points(r)} for r in runs)) if runs else set()
+    return sorted(common)[-count:]
+
+
+def _policy_report(runs_of_regime: Sequence[dict[str, Any]], *, thresholds: Sequence[float]) -> list[str]:
+    """The same regime read by policy version: each version's reward is the mean reward of the rollouts drawn
+    while it served, and its time is when it began serving. Sync's step s trains on version s's rollouts,
+    async's on older ones; this reads every configuration's policies the same way."""
+    runs_with = [r for r in runs_of_regime if "policy_curve" in r]
+    if not runs_with:
+        return []
+    last = _last_common_versions(runs_with)
+    last_header = f"v{last[0]}-v{last[-1]} reward" if last else "last reward"
+    lines = [
+        "by policy version (the mean reward of the rollouts it drew; seconds to when it began serving):",
+        f"{'config':<17}{'seeds':>6}"
+        + "".join(f"{'to ' + str(t):>20}" for t in thresholds)
+        + f"{last_header:>15}{'rollouts/version':>18}",
+    ]
+    per_version: dict[str, list[str]] = {}
+    for config in dict.fromkeys(r["config"] for r in runs_with):
+        runs = [r for r in runs_with if r["config"] == config]
+        counts = [p.rollouts for r in runs for p in _policy_points(r)]
+        cells = [
+            _threshold_cell([seconds_to_policy_reward(curve=_policy_points(r), threshold=t) for r in runs])
+            for t in thresholds
+        ]
+        lines.append(
+            f"{config:<17}{len(runs):>6}"
+            + "".join(f"{cell:>20}" for cell in cells)
+            + f"{_fmt(_median([_versions_reward(r, last) for r in runs]), '.2f'):>15}"
+            + f"{_fmt(statistics.median(counts) if counts else None):>18}"
+        )
+        versions = range(max((r["steps"] for r in runs), default=0))
+        per_version[config] = [
+            _fmt(statistics.fmean(found), ".2f")
+            if (found := [p.reward for r in runs for p in _policy_points(r) if p.version == v])
+            else "  - "
+            for v in versions
+        ]
+    lines.append("mean reward per policy version over seeds:")
+    lines += [f"  {config:<17}" + " ".join(cells) for config, cells in per_version.items()]
     return lines
 
 
 def draw(records: Sequence[dict[str, Any]], output: Path, *, thresholds: Sequence[float]) -> str:
-    """Reward against wall-clock, one panel per regime, one colour per configuration, one line per seed."""
+    """Reward against wall-clock, one panel per regime, one colour per configuration, one line per seed:
+    solid, the reward each step trained on, at the step's end; dashed, each policy version's reward (its
+    own rollouts'), at the moment it began serving."""
     try:
         import matplotlib
     except ImportError:
@@ -439,6 +541,14 @@ def draw(records: Sequence[dict[str, Any]], output: Path, *, thresholds: Sequenc
             xs = [p["wall_seconds"] for p in r["curve"]]
             axis.plot(
                 xs, [p["reward"] for p in r["curve"]], color=colours.get(r["config"]), label=label, alpha=0.7
+            )
+            policies = _policy_points(r)  # dashed: each policy version's own reward, from when it served
+            axis.plot(
+                [p.published_seconds for p in policies],
+                [p.reward for p in policies],
+                color=colours.get(r["config"]),
+                linestyle="--",
+                alpha=0.5,
             )
         for threshold in thresholds:
             axis.axhline(threshold, color="grey", linewidth=0.5, linestyle=":")
@@ -506,8 +616,15 @@ def seconds_left(plans_left: Sequence[Plan], durations: dict[tuple[str, str], li
     )
 
 
+def _interrupted(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (`timeout`, `kill`) unwinds like Ctrl-C, so the run in progress is stopped (`run_one`'s finally)
+    # instead of left running with its gateway, trainer and agents after this process is gone.
+    signal.signal(signal.SIGTERM, _interrupted)
     args.records.parent.mkdir(parents=True, exist_ok=True)
     todo = plans(seeds=args.seeds, regimes=args.regimes, configs=args.configs, steps=args.steps)
     done = {

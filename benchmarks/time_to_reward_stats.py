@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -37,6 +37,42 @@ def seconds_to_reward(*, curve: Sequence[StepPoint], threshold: float) -> float 
     for point in sorted(curve, key=lambda p: p.step):
         if point.reward >= threshold:
             return point.wall_seconds
+    return None
+
+
+@dataclass(frozen=True)
+class PolicyPoint:
+    """One policy version of one run: when it began serving, and the mean reward of the rollouts drawn while
+    it served (an evaluation of that policy by its own samples, the same reading for sync and async)."""
+
+    version: int
+    published_seconds: float
+    reward: float
+    rollouts: int
+
+
+def policy_curve(
+    *, drawn: Iterable[tuple[int, float]], published: Mapping[int, float], min_rollouts: int
+) -> list[PolicyPoint]:
+    """Per policy version, from (the step that drew a rollout, its reward) and when each version was published
+    (version v serves from the end of update v - 1; version 0 from the start): the versions with at least
+    `min_rollouts` rewarded rollouts, in order. A rollout counts for the version serving when it was drawn;
+    its calls after a pause are served by the next one, so this reads a policy slightly better than it was."""
+    rewards: dict[int, list[float]] = {}
+    for step, reward in drawn:
+        rewards.setdefault(step, []).append(reward)
+    return [
+        PolicyPoint(version, published[version], statistics.fmean(values), len(values))
+        for version, values in sorted(rewards.items())
+        if version in published and len(values) >= min_rollouts
+    ]
+
+
+def seconds_to_policy_reward(*, curve: Sequence[PolicyPoint], threshold: float) -> float | None:
+    """When the first policy version whose rollouts' mean reward is at least `threshold` began serving."""
+    for point in sorted(curve, key=lambda p: p.version):
+        if point.reward >= threshold:
+            return point.published_seconds
     return None
 
 

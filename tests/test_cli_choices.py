@@ -15,7 +15,7 @@ import pytest
 
 from asyncrl.capturing import CaptureMode
 from asyncrl.cli import build_parser
-from asyncrl.pausing import PauseMode
+from asyncrl.pause_modes import PauseMode
 from asyncrl.rollout_sampling import SamplingParamsPolicy
 
 

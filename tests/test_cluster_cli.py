@@ -26,8 +26,8 @@ import pytest
 
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.cluster_cli import PortForwarder
-from asyncrl.operator import names
 from asyncrl.testing.controlplane import ControlPlane
+from asyncrl.workloads import names
 from tests.api.conftest import installed_crd  # noqa: F401  (a fixture used by these tests)
 from tests.gateway.conftest import launch_upstream
 from tests.support.kube import apply_ok, run_manifest

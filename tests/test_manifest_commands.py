@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from asyncrl.operator import names
+from asyncrl.workloads import names
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart-local.yaml"

@@ -8,13 +8,21 @@ its figures are present, and a second invocation finds both runs done and runs n
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from asyncrl.testing.waiting import wait_for
 from tests.support.benchmark_scripts import load_benchmark
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +103,27 @@ def test_quick_mode_records_runs_whose_thresholds_match_their_curves(
         assert record["cores_busy"] > 0
         assert record["consumed_age_mean"] is not None
         assert record["step_seconds_median"] > 0
+        # Every policy version read from its own rollouts: at least version 0 in 3 steps, each with enough
+        # rollouts, published in order, each where the update before it ended.
+        policies = record["policy_curve"]
+        assert policies, record
+        assert (policies[0]["version"], policies[0]["published_seconds"]) == (0, 0.0)
+        assert all(p["rollouts"] >= runner.MIN_POLICY_ROLLOUTS for p in policies)
+        assert [p["published_seconds"] for p in policies] == sorted(p["published_seconds"] for p in policies)
+        for policy in policies[1:]:
+            assert policy["published_seconds"] == curve[policy["version"] - 1]["wall_seconds"]
+        assert record["rewarded_rollouts_seen"] >= sum(p["rollouts"] for p in policies)
+        assert record["completion_feed_gaps"] == 0
     sync, async_ = records
+    # Sync's version s drew step s's batch, 4 groups x 4 rollouts: at most 16 read, all but a few that a
+    # loaded machine may fail or time out (they end without a reward).
+    assert all(12 <= p["rollouts"] <= 16 for p in sync["policy_curve"]), sync["policy_curve"]
     assert sync["window_size"] == 4
     assert async_["window_size"] == 8
     assert sync["consumed_age_max"] == 0  # sync trains only what the step drew
     assert "regime quickstart" in output
     assert "async" in output
+    assert "by policy version" in output
 
     # A second invocation finds both runs in the records and runs nothing.
     assert runner.main(["--quick", f"--records={records_path}"]) == 0
@@ -108,3 +131,51 @@ def test_quick_mode_records_runs_whose_thresholds_match_their_curves(
     assert "2 runs (2 already in" in again
     assert "[1/" not in again, again
     assert len(records_path.read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_a_terminated_benchmark_stops_the_run_it_started(tmp_path: Path) -> None:
+    """Before, SIGTERM ended the benchmark at once and its `asyncrl local run` (a session of its own) went on
+    with its gateway, trainer and agents, loading the machine under the next measurement."""
+    records = tmp_path / "records.jsonl"
+    work = tmp_path / "ttr-quickstart-sync-s0"  # the plan's own directory, beside the records
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    argv = [
+        sys.executable, str(ROOT / "benchmarks" / "time_to_reward.py"), f"--records={records}",
+        "--regimes", "quickstart", "--configs", "sync", "--seeds", "0", "--steps", "500",
+    ]  # fmt: skip
+    benchmark = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # The run has started once its local run wrote its metrics file (gateway, trainer and agents are up).
+        wait_for(lambda: (work / "metrics.jsonl").exists(), timeout=300, what="the run's first step")
+        assert _processes_of(work), "the run's processes should be running now"
+        benchmark.send_signal(signal.SIGTERM)
+        benchmark.wait(timeout=120)
+        # 500 steps take many minutes: a run still there after this was left behind, not finishing.
+        wait_for(lambda: not _processes_of(work), timeout=60, what="the run's processes to end")
+    finally:
+        benchmark.kill()
+        benchmark.wait()
+        for pid in _processes_of(work):  # whatever a failure left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _processes_of(work: Path) -> list[int]:
+    """Processes whose command line names the run's work directory (the local run, gateway and trainer)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if str(work).encode() in cmdline:
+            found.append(int(entry.name))
+    return found

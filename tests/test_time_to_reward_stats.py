@@ -81,3 +81,19 @@ def test_a_run_at_its_ideal_bound_has_a_share_of_one() -> None:
         )
         is None
     )
+
+
+def test_a_policy_version_is_read_from_the_rollouts_drawn_while_it_served() -> None:
+    drawn = [(0, 0.0), (0, 0.2), (1, 0.5), (1, 0.7), (2, 1.0)]  # (the step that drew it, its reward)
+    published = {0: 0.0, 1: 12.0, 2: 25.0, 3: 40.0}
+    curve = ttr.policy_curve(drawn=drawn, published=published, min_rollouts=2)
+    assert [(p.version, p.published_seconds, p.rollouts) for p in curve] == [(0, 0.0, 2), (1, 12.0, 2)]
+    assert [round(p.reward, 6) for p in curve] == [0.1, 0.6]  # version 2 had too few rollouts to be read
+    assert ttr.seconds_to_policy_reward(curve=curve, threshold=0.5) == 12.0
+    assert ttr.seconds_to_policy_reward(curve=curve, threshold=0.9) is None
+
+
+def test_a_version_never_published_is_not_read() -> None:
+    """Rollouts of a step whose update never ended (the run was stopped) have no time to be placed at."""
+    curve = ttr.policy_curve(drawn=[(5, 1.0), (5, 1.0)], published={0: 0.0}, min_rollouts=1)
+    assert curve == []

@@ -56,7 +56,7 @@ class AgentEnvironment:
         cls, *, gateway_url: str, gateway_key: str, rollout_id: str, attempt_id: str, mode: str = "train"
     ) -> AgentEnvironment:
         """What the operator and local mode give the agent of one rollout attempt."""
-        from asyncrl.gateway.auth import agent_token
+        from asyncrl.gateway_api.tokens import agent_token
 
         return cls.with_token(
             gateway_url=gateway_url,
@@ -71,7 +71,7 @@ class AgentEnvironment:
         cls, *, gateway_url: str, token: str, rollout_id: str, attempt_id: str, mode: str = "train"
     ) -> AgentEnvironment:
         """The same, from the rollout's agent token (a pool pod is handed it and never holds the key)."""
-        from asyncrl.gateway.paths import events_path, proxy_base_path
+        from asyncrl.gateway_api.paths import events_path, proxy_base_path
 
         base = gateway_url.rstrip("/")
         rollout = base + proxy_base_path(rollout_id=rollout_id, attempt_id=attempt_id, mode=mode)

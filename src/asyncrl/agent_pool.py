@@ -34,14 +34,14 @@ from typing import Any
 
 import httpx
 
-from asyncrl.gateway.models import RolloutView
-from asyncrl.gateway.pool_models import PoolAssignment, PoolClaim, PoolOutcome
-from asyncrl.operator import names
-from asyncrl.operator.agent_jobs import agent_launch, agent_process
-from asyncrl.operator.names import ATTEMPT_ID
-from asyncrl.operator.pool import POOL_TOKEN_ENV, WORKER_ENV
-from asyncrl.operator.templates import TemplateError, render_job
+from asyncrl.agent_templates.render import TemplateError, render_job
+from asyncrl.gateway_api.models import RolloutView
+from asyncrl.gateway_api.pool import PoolAssignment, PoolClaim, PoolOutcome
 from asyncrl.rollouts import RolloutState
+from asyncrl.workloads import names
+from asyncrl.workloads.agent_jobs import agent_launch, agent_process
+from asyncrl.workloads.names import ATTEMPT_ID
+from asyncrl.workloads.pool import POOL_TOKEN_ENV, WORKER_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """How much of each model call the gateway keeps: one vocabulary for the spec, the gateway and the docs.
 
-A leaf module (no I/O, no imports from the rest of the package), like `asyncrl.pausing`, so the API types and
-the gateway name the same choices. Values are CamelCase, as they appear in a manifest.
+A leaf module (no I/O, no imports from the rest of the package), like `asyncrl.pause_modes`, so the API
+types and the gateway name the same choices. Values are CamelCase, as they appear in a manifest.
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.api.types.meta import GROUP, KIND, PLURAL, VERSION
-from asyncrl.operator import names
 from asyncrl.plot import PlotError, draw, read_curves
 from asyncrl.run_summary import EventLine, TrainerMetrics, parse_gauges, summary_lines
 from asyncrl.trainer.metrics_server import HISTORY_PATH
+from asyncrl.workloads import names
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from asyncrl.agent_templates.render import render_job, template_variables
 from asyncrl.api import InvalidRunError, load_run
-from asyncrl.operator.templates import render_job, template_variables
 from tests.api.conftest import EXAMPLES
 
 VALID = sorted(path.name for path in EXAMPLES.glob("*.yaml") if "invalid" not in path.name)

@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 import yaml
 
+from asyncrl.agent_templates.pod_policy import AgentPodPolicy
 from asyncrl.api.crd import default_path
 from asyncrl.api.types.meta import CRD_NAME
 from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.operator.main import add_arguments, render_settings
-from asyncrl.operator.pod_policy import AgentPodPolicy
 from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for

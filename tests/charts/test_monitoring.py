@@ -32,14 +32,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase, load_run
 from asyncrl.api.types.status import RolloutCounts
-from asyncrl.operator import children, names
 from asyncrl.operator.metrics import OperatorMetrics
-from asyncrl.operator.ray_cluster import ray_cluster
 from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.loop import StepLoop
 from asyncrl.trainer.metrics import MetricsSinks, PrometheusSink
-from asyncrl.trainer.pause_reporting import PauseReportingClient
+from asyncrl.trainer.pause_holding import PauseHoldingClient
+from asyncrl.workloads import children, names
+from asyncrl.workloads.ray_cluster import ray_cluster
 from tests.charts.test_chart import CHART, KUBE_VERSION, _helm, _values, documents, one, render
 from tests.operator.test_ray_cluster import _run as multi_node_run
 from tests.support.kube import kubectl_for, run_manifest
@@ -329,7 +329,7 @@ def real_run(upstream_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     sinks = MetricsSinks([sink])
 
     async def main() -> None:
-        async with PauseReportingClient(gateway_url, KEY, report=sinks.report_holding_pause) as client:
+        async with PauseHoldingClient(gateway_url, KEY, report=sinks.report_holding_pause) as client:
             loop = StepLoop(
                 settings=_settings(steps=2, checkpoint_dir=None),
                 gateway=client,
@@ -545,7 +545,7 @@ def test_a_resume_that_fails_lets_go_of_the_pause(tmp_path: Path) -> None:
     reports: list[bool] = []
 
     async def pause_then_resume() -> None:
-        async with PauseReportingClient(url, KEY, report=reports.append, timeout_seconds=5) as client:
+        async with PauseHoldingClient(url, KEY, report=reports.append, timeout_seconds=5) as client:
             await client.pause(reason="update", wait_seconds=1)
             assert reports == [True]
             gateway.stop()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from asyncrl.gateway.auth import agent_token
+from asyncrl.gateway_api.tokens import agent_token
 from asyncrl.testing.controlplane import free_port
 from asyncrl.testing.processes import ServerProcess, start_server
 
@@ -36,11 +36,11 @@ class RunningGateway:
 
 
 def launch_upstream(log_dir: Path) -> tuple[str, ServerProcess]:
-    """A fake OpenAI-compatible server (asyncrl.testing.fake_upstream) on a free port: (base URL, process)."""
+    """A fake OpenAI-compatible server (asyncrl.fake_upstream) on a free port: (base URL, process)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(
-        [sys.executable, "-m", "asyncrl.testing.fake_upstream", "--port", str(port)],
+        [sys.executable, "-m", "asyncrl.fake_upstream", "--port", str(port)],
         ready_url=f"{url}/stats",
         log_path=log_dir / "upstream.log",
     )

@@ -11,12 +11,12 @@ import pytest
 
 from asyncrl.gateway import access
 from asyncrl.gateway.access import ANY_METHOD, ROUTES, Caller, Needs, RouteAccess, route_access
+from asyncrl.gateway.admission import Refused, authorize
 from asyncrl.gateway.app import build_gateway
-from asyncrl.gateway.auth import agent_token, pool_token
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.door import Refused, authorize
-from asyncrl.gateway.paths import events_path, proxy_base_path
 from asyncrl.gateway.run_settings import standalone_defaults
+from asyncrl.gateway_api.paths import events_path, proxy_base_path
+from asyncrl.gateway_api.tokens import agent_token, pool_token
 
 KEY = "k" * 32
 POOL = pool_token(KEY)

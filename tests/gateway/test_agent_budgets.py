@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncrl.gateway import door
+from asyncrl.gateway import admission
+from asyncrl.gateway.admission import Refused, find_json_problem, nested_deeper_than, parse_json
 from asyncrl.gateway.budgets import VALUE_COST_BYTES, AgentBudget, AgentBudgets, OverBudget, json_values
-from asyncrl.gateway.door import Refused, find_json_problem, nested_deeper_than, parse_json
 
 
 class FakeClock:
@@ -112,10 +112,10 @@ class CountingDecoder:
 def test_a_wide_body_nested_too_deep_is_refused_without_being_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A megabyte of containers with one branch too deep at its end: refused from its bytes (422), with no
     parser run on it (the previous door parsed it, then walked all its containers, to find the branch)."""
-    counting = CountingDecoder(door._DECODER)
-    monkeypatch.setattr(door, "_DECODER", counting)
+    counting = CountingDecoder(admission._DECODER)
+    monkeypatch.setattr(admission, "_DECODER", counting)
     standard_parses: list[str] = []
-    monkeypatch.setattr(door._STRICT, "decode", lambda text: standard_parses.append(text) or {})
+    monkeypatch.setattr(admission._STRICT, "decode", lambda text: standard_parses.append(text) or {})
     parsed: list[int] = []
     raw = b'{"d":[' + b",".join([b"{}"] * 300_000) + b"," + b"[" * 70 + b"]" * 70 + b"]}"
     with pytest.raises(Refused) as refused:

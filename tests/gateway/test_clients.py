@@ -9,8 +9,8 @@ import time
 import pytest
 
 from asyncrl.agent import AgentEnvironment, AgentEnvironmentError, chat, openai_client, report_reward
-from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import RolloutCreate, WindowSummary
+from asyncrl.gateway_api.client import GatewayClient, GatewayError
+from asyncrl.gateway_api.models import RolloutCreate, WindowSummary
 from asyncrl.rollouts import RolloutState
 from tests.gateway.conftest import RunningGateway
 

@@ -83,11 +83,11 @@ def test_bodies_cut_off_mid_way_are_499_without_a_traceback(gateway: RunningGate
                 await cut_off(path, authorization)
 
     asyncio.run(scenario())
-    door = 'asyncrl_gateway_requests_total{code="499",route="door"}'
+    admission = 'asyncrl_gateway_requests_total{code="499",route="admission"}'
     proxy = 'asyncrl_gateway_requests_total{code="499",route="proxy"}'
 
     async def counted() -> bool:
-        return metric_value(gateway, door) == 5 and metric_value(gateway, proxy) == 5
+        return metric_value(gateway, admission) == 5 and metric_value(gateway, proxy) == 5
 
     asyncio.run(until(counted, "the cut-off bodies counted as 499"))
     no_traceback(gateway)

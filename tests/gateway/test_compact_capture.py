@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from asyncrl.capturing import CaptureMode
 from asyncrl.gateway.capture import capture_call, events_document
-from asyncrl.gateway.events_wire import EventsDocument
-from asyncrl.gateway.models import RolloutCreate
 from asyncrl.gateway.store import CALL_OVERHEAD_BYTES, RolloutStore
+from asyncrl.gateway_api.events import EventsDocument
+from asyncrl.gateway_api.models import RolloutCreate
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, SampleLevel, adapt_rollout
 from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway

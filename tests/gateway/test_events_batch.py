@@ -12,9 +12,9 @@ import json
 
 import httpx
 
-from asyncrl.gateway.client import EventsBatch, GatewayClient
-from asyncrl.gateway.events_wire import EventsDocument
-from asyncrl.gateway.models import MAX_EVENTS_BATCH_ROLLOUTS
+from asyncrl.gateway_api.client import EventsBatch, GatewayClient
+from asyncrl.gateway_api.events import EventsDocument
+from asyncrl.gateway_api.models import MAX_EVENTS_BATCH_ROLLOUTS
 from tests.gateway.conftest import RunningGateway, create_rollouts
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}

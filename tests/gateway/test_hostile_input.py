@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from asyncrl.gateway.door import EVENT_ENVELOPE_BYTES
+from asyncrl.gateway.admission import EVENT_ENVELOPE_BYTES
 from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
 
 CHAT = {"model": "anything", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

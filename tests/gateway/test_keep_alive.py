@@ -14,7 +14,7 @@ import random
 import httpx
 import pytest
 
-from asyncrl.gateway.client import GatewayClient
+from asyncrl.gateway_api.client import GatewayClient
 from tests.gateway.conftest import RunningGateway
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.gateway.client import GatewayClient
-from asyncrl.gateway.models import RolloutCreate
 from asyncrl.gateway.store import RolloutStore
+from asyncrl.gateway_api.client import GatewayClient
+from asyncrl.gateway_api.models import RolloutCreate
 from asyncrl.local.agents import LocalAgents
 from asyncrl.rollouts import RolloutState
 from tests.gateway.conftest import RunningGateway, create_rollouts

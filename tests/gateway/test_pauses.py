@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from asyncrl.gateway.auth import agent_token
+from asyncrl.gateway_api.tokens import agent_token
 from tests.gateway.conftest import KEY, RunningGateway, create_rollouts, launch_gateway
 
 CHAT = {"model": "whatever", "messages": [{"role": "user", "content": "three little words"}]}

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from asyncrl.gateway.auth import agent_token, pool_token
+from asyncrl.gateway_api.tokens import agent_token, pool_token
 from tests.gateway.conftest import KEY, RunningGateway, create_rollouts
 
 POOL = pool_token(KEY)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.gateway.auth import pool_token
-from asyncrl.operator.pool import POOL_TOKEN_ENV, WORKER_ENV
+from asyncrl.gateway_api.tokens import pool_token
 from asyncrl.testing.waiting import wait_for
+from asyncrl.workloads.pool import POOL_TOKEN_ENV, WORKER_ENV
 from tests.gateway.conftest import KEY, RunningGateway, create_rollouts
 
 TEMPLATE = """\

@@ -86,7 +86,7 @@ def test_pause_with_wait_returns_when_the_last_inflight_call_finishes(gateway: R
             admin_headers = {"authorization": f"Bearer {gateway.key}"}
 
             async def call(rollout_id: str, delay: float) -> int:
-                from asyncrl.gateway.auth import agent_token
+                from asyncrl.gateway_api.tokens import agent_token
 
                 headers = {"authorization": f"Bearer {agent_token(gateway.key, rollout_id)}"}
                 body = {**CHAT, "fake_delay_seconds": delay}
@@ -123,7 +123,7 @@ def test_inflight_returns_to_zero_when_clients_disconnect_or_upstream_fails(gate
         create_rollouts(admin, "r1", "r2")
 
     async def scenario() -> None:
-        from asyncrl.gateway.auth import agent_token
+        from asyncrl.gateway_api.tokens import agent_token
 
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
             headers = {"authorization": f"Bearer {agent_token(gateway.key, 'r1')}"}

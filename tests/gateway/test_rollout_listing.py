@@ -12,8 +12,8 @@ import collections
 
 import httpx
 
-from asyncrl.gateway.client import GatewayClient
-from asyncrl.gateway.models import DEFAULT_LISTING_PAGE, RolloutCreate
+from asyncrl.gateway_api.client import GatewayClient
+from asyncrl.gateway_api.models import DEFAULT_LISTING_PAGE, RolloutCreate
 from asyncrl.rollouts import RolloutState
 from tests.gateway.conftest import RunningGateway
 

@@ -20,7 +20,7 @@ from asyncrl.api import load_run
 from asyncrl.capturing import CaptureMode
 from asyncrl.cli import build_parser
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.hold import HeldCalls
+from asyncrl.gateway.held_calls import HeldCalls
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause_policy import pause_policy
 from asyncrl.gateway.run_settings import GatewayRunSettings, run_settings, standalone_defaults
@@ -28,10 +28,10 @@ from asyncrl.gateway.server import RUN_FLAGS, gateway_config
 from asyncrl.launch.podspec import map_paths
 from asyncrl.launch.processes import free_port
 from asyncrl.local.run import gateway_command
-from asyncrl.operator import children
-from asyncrl.pausing import DrainPolicy, PauseMode
+from asyncrl.pause_modes import DrainPolicy, PauseMode
 from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 from asyncrl.testing.processes import start_server
+from asyncrl.workloads import children
 from tests.gateway.conftest import KEY
 from tests.support.kube import run_manifest
 

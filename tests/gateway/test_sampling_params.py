@@ -15,6 +15,7 @@ import pytest
 from asyncrl.api import InvalidRunError, load_run
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy, rollout_sampling_of
+from asyncrl.testing.waiting import wait_for
 from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
 from tests.support.kube import run_manifest
 
@@ -159,7 +160,17 @@ def test_enforce_removes_every_biasing_parameter_on_chat_completions_and_streams
         with agent.stream("POST", gateway.proxy_path("r1"), json=streamed) as answer:
             assert answer.status_code == 200
             assert "[DONE]" in answer.read().decode()
-        calls = admin.get("/api/rollouts/r1/events").json()["model_calls"]
+        # A streamed call is captured once its relay has ended, which can be just after the agent read [DONE]
+        # (a race reported in the closing note of 2026-12-05): wait for it rather than read too early.
+        calls = wait_for(
+            lambda: (
+                found
+                if len(found := admin.get("/api/rollouts/r1/events").json()["model_calls"]) == 3
+                else None
+            ),
+            timeout=60,
+            what="the three calls to be captured",
+        )
     neutral = {"temperature": 0.9, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
     for call in calls:
         forwarded = call["request"]

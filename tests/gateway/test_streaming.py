@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from asyncrl.gateway.auth import agent_token
+from asyncrl.gateway_api.tokens import agent_token
 from tests.gateway.conftest import RunningGateway, create_rollouts
 from tests.gateway.test_pauses import admin_headers, agent_headers, metric, openai_sdk
 

@@ -15,12 +15,12 @@ import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from asyncrl.gateway.auth import agent_token
-from asyncrl.gateway.client import GatewayClient, GatewayError
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.models import UpstreamsView
 from asyncrl.gateway.proxy import Upstreams
 from asyncrl.gateway.run_settings import standalone_defaults
+from asyncrl.gateway_api.client import GatewayClient, GatewayError
+from asyncrl.gateway_api.models import UpstreamsView
+from asyncrl.gateway_api.tokens import agent_token
 from asyncrl.testing.processes import ServerProcess
 from tests.gateway.conftest import KEY, RunningGateway, create_rollouts, launch_gateway, launch_upstream
 

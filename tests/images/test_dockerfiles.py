@@ -22,7 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from asyncrl.api.types.spec import GatewaySpec
-from asyncrl.operator import children
+from asyncrl.workloads import children
 
 REPO = Path(__file__).resolve().parents[2]
 TOP_LEVEL_DOCKERIGNORE = REPO / ".dockerignore"

@@ -66,9 +66,9 @@ def main(argv: list[str]) -> int:
 
 
 async def _report_failure(gateway_url: str, message: str) -> None:
-    from asyncrl.gateway.client import GatewayClient
-    from asyncrl.gateway.config import KEY_ENV_VAR
-    from asyncrl.gateway.models import TrainerOutcome, TrainerReport
+    from asyncrl.gateway_api.client import GatewayClient
+    from asyncrl.gateway_api.models import TrainerOutcome, TrainerReport
+    from asyncrl.gateway_api.tokens import KEY_ENV_VAR
 
     async with GatewayClient(gateway_url, os.environ[KEY_ENV_VAR], timeout_seconds=10.0) as gateway:
         deadline = time.monotonic() + 120

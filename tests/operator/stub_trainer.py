@@ -21,9 +21,9 @@ from pathlib import Path
 import yaml
 from aiohttp import web
 
-from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import RolloutCreate, TrainerOutcome, TrainerReport, WindowSummary
-from asyncrl.testing.fake_upstream import build_app
+from asyncrl.fake_upstream import build_app
+from asyncrl.gateway_api.client import GatewayClient, GatewayError
+from asyncrl.gateway_api.models import RolloutCreate, TrainerOutcome, TrainerReport, WindowSummary
 from asyncrl.trainer.failures import EXIT_CODES
 
 FAIL_PREFIX = "stub-fail:"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
-from asyncrl.operator.templates import render_job, template_variables
+from asyncrl.agent_templates.render import render_job, template_variables
+from asyncrl.workloads.agent_jobs import AgentJobSettings, shape_agent_job
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "agent_job_templates"
 ROW = {"prompt": 'say "hi"\nnow', "target": "ab", "tool_seconds": 0.5}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.agent_templates.render import TemplateError
 from asyncrl.local.agents import agent_command
-from asyncrl.operator import names
-from asyncrl.operator.agent_jobs import AgentJobSettings, agent_process, shape_agent_job
-from asyncrl.operator.job_state import rollout_state_of_job
-from asyncrl.operator.ratelimit import SlidingWindowLimiter
-from asyncrl.operator.templates import TemplateError
+from asyncrl.operator.dispatcher.job_state import rollout_state_of_job
+from asyncrl.operator.dispatcher.ratelimit import SlidingWindowLimiter
 from asyncrl.rollouts import RolloutState
+from asyncrl.workloads import names
+from asyncrl.workloads.agent_jobs import AgentJobSettings, agent_process, shape_agent_job
 
 OWNER = {"apiVersion": "asyncrl.dev/v1alpha1", "kind": "AsyncTrainingRun", "name": "demo", "uid": "u-1"}
 SETTINGS = AgentJobSettings(

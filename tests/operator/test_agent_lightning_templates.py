@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from asyncrl.operator.agent_jobs import AgentJobSettings, shape_agent_job
-from asyncrl.operator.templates import render_job, template_variables
+from asyncrl.agent_templates.render import render_job, template_variables
+from asyncrl.workloads.agent_jobs import AgentJobSettings, shape_agent_job
 
 # The shape of Agent Lightning v1.0's documented template fragment, as a whole Job.
 AGENT_LIGHTNING_TEMPLATE = """\

@@ -7,15 +7,15 @@ from typing import Any
 import pytest
 
 from asyncrl.agent_pool import pool_agent_process
+from asyncrl.agent_templates.render import TemplateError
 from asyncrl.api import AsyncTrainingRunSpec
-from asyncrl.operator import names
-from asyncrl.operator.pool import (
+from asyncrl.workloads import names
+from asyncrl.workloads.pool import (
     POOL_TOKEN_ENV,
     TemplateSource,
     agent_pool_deployment,
     pool_replicas,
 )
-from asyncrl.operator.templates import TemplateError
 from tests.support.kube import run_manifest
 
 RUN = {

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
+from asyncrl.workloads import names
 from tests.operator.conftest import OperatorStarter
 from tests.support.kube import (
     agent_jobs,

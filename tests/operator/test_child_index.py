@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator.child_index import ChildIndex
 from asyncrl.operator.kube import request_labels
+from asyncrl.operator.reconciliation.child_index import ChildIndex
 
 
 def _object(namespace: str, name: str) -> dict[str, Any]:

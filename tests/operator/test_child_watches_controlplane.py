@@ -96,8 +96,8 @@ def test_the_config_map_and_service_watches_carry_names_not_data(api_client: Any
 
     from kubernetes import client
 
-    from asyncrl.operator import names
     from asyncrl.operator.kube import Kube, LabelWatch
+    from asyncrl.workloads import names
 
     labels = {names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_RUN: "meta"}
     core = client.CoreV1Api(api_client)

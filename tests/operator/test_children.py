@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.api import load_run
-from asyncrl.operator import children
+from asyncrl.workloads import children
 from tests.support.kube import run_manifest
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from asyncrl.operator import names
-from asyncrl.operator.ray_child import KUBERAY_MISSING
+from asyncrl.operator.reconciliation.ray_child import KUBERAY_MISSING
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
+from asyncrl.workloads import names
 from tests.api.conftest import EXAMPLES
 from tests.operator.conftest import OperatorStarter
 from tests.support.kube import (

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator.templates import TemplateError, render_job
+from asyncrl.agent_templates.render import TemplateError, render_job
 
 HEAD = "apiVersion: batch/v1\nkind: Job\n"
 

@@ -34,13 +34,13 @@ import yaml
 
 from asyncrl.api.types.spec import GatewaySpec
 from asyncrl.launch.podspec import Image, ImageTable
-from asyncrl.operator import names
-from asyncrl.operator.ray_cluster import RAY_CLUSTER_PLURAL, RAY_GROUP
 from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.kuberay_pods import KubeRayLocalPods
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import start_server
 from asyncrl.testing.waiting import wait_for
+from asyncrl.workloads import names
+from asyncrl.workloads.ray_cluster import RAY_CLUSTER_PLURAL, RAY_GROUP
 from tests.api.conftest import EXAMPLES
 from tests.support.kube import (
     GATEWAY_IMAGE,

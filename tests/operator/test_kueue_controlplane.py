@@ -31,12 +31,12 @@ import yaml
 
 from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.launch.processes import free_port
-from asyncrl.operator import names
-from asyncrl.operator.ray_cluster import RAY_CLUSTER_PLURAL, RAY_GROUP
 from asyncrl.testing.controlplane import ControlPlane
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import ServerProcess, start_server
 from asyncrl.testing.waiting import wait_for
+from asyncrl.workloads import names
+from asyncrl.workloads.ray_cluster import RAY_CLUSTER_PLURAL, RAY_GROUP
 from tests.support.kube import (
     AGENT_IMAGE,
     GATEWAY_IMAGE,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator import names
 from asyncrl.testing.podrunner import PodRunner
+from asyncrl.workloads import names
 from tests.operator.conftest import OperatorStarter
 from tests.support.kube import (
     apply_ok,

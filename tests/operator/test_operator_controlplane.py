@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator import names
+from asyncrl.operator.dispatcher.controller import VANISHED_WITHOUT_REWARD
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
+from asyncrl.workloads import names
 from tests.operator.conftest import OperatorStarter
 from tests.support.kube import (
     agent_jobs,
@@ -183,7 +184,7 @@ def test_an_operator_restart_mid_run_creates_no_duplicate_job_and_keeps_status(
     operator.stop(grace_seconds=0.1)  # SIGTERM then SIGKILL: no graceful hand-over
     before = run_status(api_client, namespace, "restart")
     time.sleep(2)
-    start_operator()
+    restarted = start_operator()
     status = wait_for_phase(
         api_client,
         namespace,
@@ -196,7 +197,12 @@ def test_an_operator_restart_mid_run_creates_no_duplicate_job_and_keeps_status(
     assert status["step"] == 2
     jobs = agent_jobs(api_client, namespace)
     rollout_ids = [job.metadata.annotations[names.ANNOTATION_ROLLOUT_ID] for job in jobs]
-    assert len(rollout_ids) == len(set(rollout_ids)) == 12  # 3 steps x 2 groups x 2 rollouts, no duplicate
+    assert len(rollout_ids) == len(set(rollout_ids))  # no rollout got a second Job
+    # A kill that lands between a rollout's launch and its Job's creation loses that rollout (at most once):
+    # the restarted operator ends it failed, saying so, and never relaunches it. Every other rollout of the
+    # 3 steps x 2 groups x 2 rollouts has its one Job.
+    vanished = restarted.log().count(VANISHED_WITHOUT_REWARD)
+    assert len(rollout_ids) + vanished == 12, (len(rollout_ids), vanished)
 
 
 def test_deleting_a_run_leaves_no_job_or_pod(

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator.pod_policy import AgentPodPolicy, check_pod_policy, restricted_violations
-from asyncrl.operator.templates import TemplateError
+from asyncrl.agent_templates.pod_policy import AgentPodPolicy, check_pod_policy, restricted_violations
+from asyncrl.agent_templates.render import TemplateError
 
 
 def _job(

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from asyncrl.api import InvalidRunError, load_run
 from asyncrl.api.types.spec import RESTRICTED_SECURITY_CONTEXT, TrainerPodTemplate
-from asyncrl.operator import children, names
-from asyncrl.operator.pod_template import merge_pod_template
+from asyncrl.workloads import children, names
+from asyncrl.workloads.pod_template import merge_pod_template
 from tests.support.kube import run_manifest
 
 

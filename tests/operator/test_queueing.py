@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase, load_run
-from asyncrl.operator import children, names
-from asyncrl.operator.ray_cluster import ray_cluster
-from asyncrl.operator.reconcile import Observed, reconcile
-from asyncrl.operator.status import RunObservation, next_status
-from asyncrl.operator.trainer_state import trainer_of_job
+from asyncrl.operator.reconciliation.reconcile import Observed, reconcile
+from asyncrl.operator.reconciliation.status import RunObservation, next_status
+from asyncrl.workloads import children, names
+from asyncrl.workloads.ray_cluster import ray_cluster
+from asyncrl.workloads.trainer_state import trainer_of_job
 from tests.support.kube import multi_node_manifest, run_manifest
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)

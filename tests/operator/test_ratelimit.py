@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from asyncrl.operator.ratelimit import SlidingWindowLimiter
+from asyncrl.operator.dispatcher.ratelimit import SlidingWindowLimiter
 
 
 def _creations(limiter: SlidingWindowLimiter, attempts: list[float]) -> list[float]:

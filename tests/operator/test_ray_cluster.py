@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from asyncrl.api import InvalidRunError, load_run
-from asyncrl.operator import children, names
-from asyncrl.operator.names import ANNOTATION_SUSPENDED_BY_RUN
-from asyncrl.operator.ray_cluster import (
+from asyncrl.workloads import children, names
+from asyncrl.workloads.names import ANNOTATION_SUSPENDED_BY_RUN
+from asyncrl.workloads.ray_cluster import (
     COMPONENT_RAY_WORKER,
     DRIVER_RAY_ADDRESS,
     RAY_HEAD_CONTAINER,
@@ -176,7 +176,7 @@ def _phase(cluster: dict[str, Any], head: dict[str, Any] | None) -> Any:
     from datetime import UTC, datetime
 
     from asyncrl.api import AsyncTrainingRunStatus
-    from asyncrl.operator.status import RunObservation, next_status
+    from asyncrl.operator.reconciliation.status import RunObservation, next_status
 
     observation = RunObservation(
         generation=1,
@@ -234,8 +234,8 @@ def _suspend(cluster: dict[str, Any], *, run_suspended: bool, finished: bool) ->
     from datetime import UTC, datetime
 
     from asyncrl.api import AsyncTrainingRunStatus
-    from asyncrl.operator.reconcile import Observed, reconcile
-    from asyncrl.operator.status import RunObservation
+    from asyncrl.operator.reconciliation.reconcile import Observed, reconcile
+    from asyncrl.operator.reconciliation.status import RunObservation
 
     driver = {"name": "trainer", "state": {"terminated": {"exitCode": 0}}} if finished else None
     observation = RunObservation(

@@ -1,4 +1,4 @@
-"""The run's reconcile (asyncrl.operator.reconcile) and its state machine (asyncrl.operator.status), pure:
+"""The run's reconcile (asyncrl.operator.reconciliation.reconcile) and its state machine (`status`), pure:
 the phases a run goes through, with no flap at the end, the conditions of each, the children it recreates,
 who stops, and a Warning event for every failure."""
 
@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
-from asyncrl.operator.reconcile import Actions, Child, Observed, reconcile
-from asyncrl.operator.status import RunObservation
-from asyncrl.operator.trainer_state import TrainerEnd, TrainerObservation
+from asyncrl.operator.reconciliation.reconcile import Actions, Child, Observed, reconcile
+from asyncrl.operator.reconciliation.status import RunObservation
+from asyncrl.workloads.trainer_state import TrainerEnd, TrainerObservation
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 ACTIVE = TrainerObservation()

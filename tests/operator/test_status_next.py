@@ -1,5 +1,6 @@
-"""`phase_of` and `next_status` (asyncrl.operator.status) called directly: the phase rules in their order, the
-window summary and counts applied, and an unchanged observation giving an equal status (nothing to write)."""
+"""`phase_of` and `next_status` (asyncrl.operator.reconciliation.status) called directly: the phase rules in
+their order, the window summary and counts applied, and an unchanged observation giving an equal status
+(nothing to write)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
-from asyncrl.operator.status import next_status, phase_of
-from asyncrl.operator.trainer_state import TrainerObservation, trainer_of_job
+from asyncrl.operator.reconciliation.status import next_status, phase_of
 from asyncrl.rollouts import RolloutState
 from asyncrl.window_summary import WindowSummary
+from asyncrl.workloads.trainer_state import TrainerObservation, trainer_of_job
 from tests.operator.test_status_rules import RUNNING
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)

@@ -1,4 +1,5 @@
-"""The run's end states from what the operator observed (pure rules of asyncrl.operator.status)."""
+"""The run's end states from what the operator observed (the pure rules of
+asyncrl.operator.reconciliation.status)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
-from asyncrl.operator.status import RunObservation, next_status
-from asyncrl.operator.trainer_state import TrainerObservation, trainer_of_job
+from asyncrl.operator.reconciliation.status import RunObservation, next_status
+from asyncrl.workloads.trainer_state import TrainerObservation, trainer_of_job
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 RUNNING = RunObservation(

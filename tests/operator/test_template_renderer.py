@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator.pod_policy import AgentPodPolicy
-from asyncrl.operator.renderer import RenderSettings, TemplateRenderer, check_template
-from asyncrl.operator.templates import TemplateError
+from asyncrl.agent_templates.pod_policy import AgentPodPolicy
+from asyncrl.agent_templates.render import TemplateError
+from asyncrl.agent_templates.renderer import RenderSettings, TemplateRenderer, check_template
 
 GOOD = """\
 apiVersion: batch/v1

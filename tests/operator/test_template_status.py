@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
-from asyncrl.operator.status import RunObservation, next_status
-from asyncrl.operator.trainer_state import TrainerObservation
+from asyncrl.operator.reconciliation.status import RunObservation, next_status
+from asyncrl.workloads.trainer_state import TrainerObservation
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 REASON = "agent template: spec: expected a mapping, got the string 'oops'"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.operator.templates import TemplateError, render_job, template_variables
+from asyncrl.agent_templates.render import TemplateError, render_job, template_variables
 
 TEMPLATE = """
 apiVersion: batch/v1

@@ -57,7 +57,8 @@ BROKEN = {
         "spec.manualSelector: a Job that picks its own pods is not allowed",
     ),
     # a label key the API server refuses (not DNS-valid): every agent Job would get 422, so the run went on
-    # failing each rollout and consuming steps; the start check names it (operator/job_schema.py, issue 26)
+    # failing each rollout and consuming steps; the start check names it (agent_templates/job_schema.py,
+    # issue 26)
     "label": (
         AGENT_TEMPLATE.replace("kind: Job\n", "kind: Job\nmetadata:\n  labels: {'team name!': x}\n", 1),
         "agent template: metadata.labels.team name!: label key 'team name!': the name 'team name!' must be",

@@ -22,10 +22,10 @@ import pytest
 
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.launch.processes import free_port
-from asyncrl.operator import names
 from asyncrl.testing.controlplane import ControlPlane, ControlPlaneError, default_bin_dir, missing_binaries
 from asyncrl.testing.processes import ServerProcess, start_server
 from asyncrl.testing.waiting import WaitTimeout, wait_for
+from asyncrl.workloads import names
 
 REPO = Path(__file__).resolve().parents[2]
 

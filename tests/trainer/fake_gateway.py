@@ -23,9 +23,17 @@ import httpx
 from pydantic import ValidationError
 
 from asyncrl.gateway.capture import events_document
-from asyncrl.gateway.client import EventsBatch, GatewayError, PauseResult
-from asyncrl.gateway.events_wire import EventsDocument
-from asyncrl.gateway.models import (
+from asyncrl.gateway.pause_state import PauseState
+from asyncrl.gateway.store import (
+    CapturedCall,
+    FeedGap,
+    RolloutConflict,
+    RolloutNotFound,
+    RolloutStore,
+)
+from asyncrl.gateway_api.client import EventsBatch, GatewayError, PauseResult
+from asyncrl.gateway_api.events import EventsDocument
+from asyncrl.gateway_api.models import (
     DEFAULT_EVENTS_BATCH_BYTES,
     CompletionEntry,
     CompletionPage,
@@ -36,14 +44,6 @@ from asyncrl.gateway.models import (
     UpstreamsUpdate,
     UpstreamsView,
     WindowSummary,
-)
-from asyncrl.gateway.pause import PauseState
-from asyncrl.gateway.store import (
-    CapturedCall,
-    FeedGap,
-    RolloutConflict,
-    RolloutNotFound,
-    RolloutStore,
 )
 from asyncrl.rollouts import TERMINAL_STATES, RolloutState
 

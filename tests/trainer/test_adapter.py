@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from asyncrl.capturing import CaptureMode
 from asyncrl.gateway.capture import capture_call, events_document
-from asyncrl.gateway.events_wire import EventsDocument
-from asyncrl.gateway.models import RolloutCreate
 from asyncrl.gateway.store import RolloutStore
+from asyncrl.gateway_api.events import EventsDocument
+from asyncrl.gateway_api.models import RolloutCreate
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import (
     AdapterConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from asyncrl.gateway.models import GatewayStats, WindowSummary
+from asyncrl.gateway_api.models import GatewayStats, WindowSummary
 from asyncrl.local.report import COLUMNS, RunTally, header
 
 

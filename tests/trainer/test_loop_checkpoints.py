@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from asyncrl.gateway.client import GatewayClient, GatewayError
+from asyncrl.gateway_api.client import GatewayClient, GatewayError
 from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.backends import UpdateMetrics
 from asyncrl.trainer.checkpoints import LoopState, save_checkpoint

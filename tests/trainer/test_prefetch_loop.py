@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl.gateway.client import EventsBatch, GatewayClient
-from asyncrl.gateway.events_wire import EventsDocument
-from asyncrl.gateway.models import PauseView
+from asyncrl.gateway_api.client import EventsBatch, GatewayClient
+from asyncrl.gateway_api.events import EventsDocument
+from asyncrl.gateway_api.models import PauseView
 from asyncrl.testing.controlplane import free_port
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.loop import StepLoop

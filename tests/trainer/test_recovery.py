@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asyncrl.gateway.models import RolloutView
+from asyncrl.gateway_api.models import RolloutView
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.metrics import JsonLinesSink
 from asyncrl.trainer.recovery import groups_of, plan_resync

@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from asyncrl.agent import AgentEnvironment
-from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.models import PauseView
+from asyncrl.gateway_api.client import GatewayClient, GatewayError
+from asyncrl.gateway_api.models import PauseView
 from asyncrl.rollouts import RolloutState
 from asyncrl.testing.controlplane import free_port
 from asyncrl.testing.processes import ServerProcess, start_server
@@ -53,7 +53,7 @@ def _upstream(log_dir: Path) -> tuple[str, ServerProcess]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(
-        [sys.executable, "-m", "asyncrl.testing.fake_upstream", "--port", str(port)],
+        [sys.executable, "-m", "asyncrl.fake_upstream", "--port", str(port)],
         ready_url=f"{url}/stats",
         log_path=log_dir / "upstream.log",
     )

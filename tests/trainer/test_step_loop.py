@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from asyncrl.rollouts import RolloutState
@@ -341,6 +342,46 @@ def test_each_update_runs_paused_and_the_resume_names_the_new_model_version(tmp_
     ]
     state = gateway.instance.pause
     assert (state.paused, state.model_version) == (False, 3)
+
+
+class PauseAnswerLostGateway(FakeGateway):
+    """Its first pause is taken but the answer never reaches the trainer (a reset or timed-out connection)."""
+
+    lost = 0
+
+    async def pause(self, **kwargs: Any) -> Any:
+        result = await super().pause(**kwargs)
+        if not self.lost:
+            self.lost += 1
+            raise httpx.ReadTimeout("the pause's answer was lost")
+        return result
+
+
+def test_a_step_whose_pause_answer_was_lost_resumes_the_gateway_before_it_collects_again(
+    tmp_path: Path,
+) -> None:
+    """Before, the retried step synced and collected with the gateway still paused by the lost pause (the
+    agents it waited for could not call the model) until its own pause and resume: 4 pauses without an update,
+    up to 8.6 s each, in the 30-minute soak. Now the gateway is resumed first, at the unchanged version."""
+    gateway = PauseAnswerLostGateway()
+    harness = _harness(tmp_path, _settings(steps=2), gateway)
+    gateway.on_groups_created = _agents(harness)
+
+    _run(harness)
+
+    assert gateway.lost == 1
+    pauses_and_resumes = [
+        (call.method, call.paused, call.model_version)
+        for call in gateway.calls
+        if call.method in ("pause", "resume")
+    ]
+    assert pauses_and_resumes[:4] == [
+        ("resume", False, 0),  # the run starts serving
+        ("pause", False, None),  # step 0's pause: taken, its answer lost
+        ("resume", True, 0),  # given back before the retry, at the version the servers still hold
+        ("pause", False, None),  # the retried step pauses an open gateway
+    ]
+    assert [step for step, _ in harness.backend.updates] == [0, 1]
 
 
 # -- prefetching --------------------------------------------------------------------------------------------

@@ -23,10 +23,10 @@ import httpx
 import openai
 import pytest
 
-from asyncrl.gateway.auth import agent_token
-from asyncrl.gateway.events_wire import CallRecord, EventsDocument
+from asyncrl.gateway_api.events import CallRecord, EventsDocument
+from asyncrl.gateway_api.tokens import agent_token
 from asyncrl.testing.vllm_cpu import VllmServer
-from asyncrl.testing.waiting import wait_for
+from asyncrl.testing.waiting import WaitTimeout, wait_for
 from asyncrl.trainer.adapter import AdapterConfig, adapt_rollout
 from asyncrl.trainer.backends.reference.tokenizer import IM_END, build_tokenizer
 from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
@@ -90,6 +90,39 @@ def new_rollout(gateway: RunningGateway) -> str:
     with gateway.management() as admin:
         create_rollouts(admin, rollout_id)
     return rollout_id
+
+
+def wait_until_vllm_runs(
+    thread: threading.Thread,
+    outcome: dict[str, httpx.Response],
+    gateway: RunningGateway,
+    vllm_server: VllmServer,
+) -> None:
+    """Until vLLM runs the long call the thread sent; a failure says what the call, the gateway and vLLM did
+    (once this failed in CI after 120 s with nothing to go on)."""
+    try:
+        wait_for(
+            lambda: not thread.is_alive() or running_calls(vllm_server) >= 1,
+            timeout=WAIT_SECONDS,
+            what="vLLM to start it",
+            interval=0.05,
+        )
+    except WaitTimeout as timeout:
+        try:
+            waiting = f"{vllm_metric(vllm_server, 'vllm:num_requests_waiting'):g}"
+        except (AssertionError, httpx.HTTPError) as error:
+            waiting = f"unknown ({error})"
+        raise AssertionError(
+            f"{timeout}; vLLM has {waiting} requests waiting; gateway log tail:\n"
+            f"{gateway.process.log()[-3000:]}\nvLLM log tail:\n{vllm_server.process.log()[-3000:]}"
+        ) from timeout
+    if not thread.is_alive():
+        answer = outcome.get("answer")
+        said = "no answer (the agent's request raised)"
+        if answer is not None:
+            said = f"{answer.status_code} {answer.text[:400]}"
+        log = gateway.process.log()[-3000:]
+        raise AssertionError(f"the long call ended before the abort: {said}; gateway log tail:\n{log}")
 
 
 def calls_of(gateway: RunningGateway, rollout_id: str) -> list[CallRecord]:
@@ -392,12 +425,7 @@ def test_a_pause_with_abort_stops_vllm_generating_and_the_agent_still_gets_its_a
 
         thread = threading.Thread(target=agent_call)
         thread.start()
-        wait_for(
-            lambda: running_calls(vllm_server) >= 1,
-            timeout=WAIT_SECONDS,
-            what="vLLM to start it",
-            interval=0.05,
-        )
+        wait_until_vllm_runs(thread, outcome, running, vllm_server)
         with running.management() as admin:
             paused = admin.post("/proxy/pause", params={"wait": 60}, json={"abort": True, "reason": "update"})
             assert paused.status_code == 200, paused.text
@@ -633,12 +661,7 @@ def test_a_sample_vllms_engine_aborted_is_captured_as_aborted_and_never_trained_
     thread = threading.Thread(target=agent_call)
     thread.start()
     try:
-        wait_for(
-            lambda: running_calls(vllm_server) >= 1,
-            timeout=WAIT_SECONDS,
-            what="vLLM to start it",
-            interval=0.05,
-        )
+        wait_until_vllm_runs(thread, outcome, gateway, vllm_server)
         engine_pause = httpx.post(
             f"{vllm_server.url}/pause", params={"mode": "abort", "clear_cache": "true"}, timeout=120
         )

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from asyncrl.api.types.tool_call_parsers import VLLM_TOOL_CALL_PARSERS
-from asyncrl.gateway.events_wire import CallRecord
+from asyncrl.gateway_api.events import CallRecord
 from asyncrl.testing.vllm_cpu import VllmServer, VllmVenv, engine_flags
 from asyncrl.trainer.adapter import AdapterConfig, adapt_rollout
 from asyncrl.trainer.backends.reference.tokenizer import build_tokenizer

@@ -40,8 +40,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from asyncrl.gateway.client import GatewayClient
-from asyncrl.gateway.events_wire import CallRecord, EventsDocument
+from asyncrl.gateway_api.client import GatewayClient
+from asyncrl.gateway_api.events import CallRecord, EventsDocument
 from asyncrl.testing.verl_server_cpu import VerlServerProcess, run_processes
 from asyncrl.testing.vllm_cpu import VllmVenv
 from asyncrl.testing.waiting import wait_for

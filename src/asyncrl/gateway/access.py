@@ -19,7 +19,7 @@ from enum import Enum, IntEnum
 
 from starlette.routing import compile_path
 
-from asyncrl.gateway.paths import PROXY_PREFIX
+from asyncrl.gateway_api.paths import PROXY_PREFIX
 
 ANY_METHOD = "*"
 

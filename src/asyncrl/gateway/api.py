@@ -17,10 +17,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from asyncrl.gateway.admission import Refused
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.door import Refused
 from asyncrl.gateway.metrics import GatewayMetrics
-from asyncrl.gateway.pause import PauseState
+from asyncrl.gateway.pause_state import PauseState
 from asyncrl.gateway.proxy import ProxyHandler
 from asyncrl.gateway.routes.common import ApiError, GatewayParts, access_check
 from asyncrl.gateway.routes.events import events_router

@@ -7,11 +7,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from asyncrl.gateway.access import Caller, route_access
-from asyncrl.gateway.api import build_api
-from asyncrl.gateway.budgets import AgentBudgets
-from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.connections import record_caller
-from asyncrl.gateway.door import (
+from asyncrl.gateway.admission import (
     BODY_METHODS,
     CLIENT_GONE,
     PARSED_BODY_SCOPE_KEY,
@@ -24,13 +20,17 @@ from asyncrl.gateway.door import (
     read_charged_body,
     replay,
 )
+from asyncrl.gateway.api import build_api
+from asyncrl.gateway.budgets import AgentBudgets
+from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.connections import record_caller
 from asyncrl.gateway.metrics import GatewayMetrics
-from asyncrl.gateway.paths import PROXY_PREFIX
-from asyncrl.gateway.pause import PauseState
+from asyncrl.gateway.pause_state import PauseState
 from asyncrl.gateway.proxy import ProxyHandler, Receive, Scope, Send, send_json
 from asyncrl.gateway.store import RolloutStore
+from asyncrl.gateway_api.paths import PROXY_PREFIX
 
-DOOR_ROUTE = "door"  # the metric's route for requests refused or abandoned before their handler
+ADMISSION_ROUTE = "admission"  # the metric's route for requests refused or abandoned before their handler
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Gateway:
 
     async def _at_the_door(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Token, then the agent's share, then body bytes, then JSON: each refused before the next is looked
-        at (see door.py). The parsed body goes to the route in the scope, so it is parsed once."""
+        at (see admission.py). The parsed body goes to the route in the scope, so it is parsed once."""
         authorization = content_length = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -97,7 +97,7 @@ class Gateway:
                 await self._refuse(send, refused)
                 return
             except ClientGone:  # left mid-body: nothing to answer, nothing went wrong here
-                self.metrics.requests.labels(DOOR_ROUTE, str(CLIENT_GONE)).inc()
+                self.metrics.requests.labels(ADMISSION_ROUTE, str(CLIENT_GONE)).inc()
                 return
             await self.api(scope, replay(body, receive), send)
         finally:

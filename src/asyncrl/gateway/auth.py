@@ -7,26 +7,10 @@ storing anything; the pool token is an HMAC of a fixed label under the key.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 
 from asyncrl.gateway.access import Caller
-
-TOKEN_PREFIX = "aglr-"
-POOL_TOKEN_PREFIX = "aglp-"
-
-
-def agent_token(key: str, rollout_id: str) -> str:
-    """The bearer token that the agent of `rollout_id` receives as AGL_KEY."""
-    digest = hmac.new(key.encode(), rollout_id.encode(), hashlib.sha256).hexdigest()
-    return f"{TOKEN_PREFIX}{digest}"
-
-
-def pool_token(key: str) -> str:
-    """The bearer token of a run's agent pool pods: it may take rollouts and report their outcomes (the pool
-    routes of `access.ROUTES`), nothing else; the pool gives each agent only its rollout's own token."""
-    digest = hmac.new(key.encode(), b"asyncrl agent pool", hashlib.sha256).hexdigest()
-    return f"{POOL_TOKEN_PREFIX}{digest}"
+from asyncrl.gateway_api.tokens import agent_token, pool_token
 
 
 def bearer(authorization: str | None) -> str | None:

@@ -2,10 +2,10 @@
 
 A call is read once, when it is captured: its token ids and log-probs are taken from the upstream's answer
 and packed into arrays (4 bytes per token id, 8 per log-prob: the float64 the JSON held, so nothing is
-rounded), validated with the reader's own types (`events_wire.TokenIds`, `LogProbs`). In `Compact` capture
-(the default) the request and response JSON are then dropped: the trainer's adapter reads only token ids,
-log-probs and metadata (its trajectory merging compares token ids, never text). `Full` capture keeps both
-JSON bodies too, for debugging.
+rounded), validated with the reader's own types (`gateway_api.events.TokenIds`, `LogProbs`). In `Compact`
+capture (the default) the request and response JSON are then dropped: the trainer's adapter reads only token
+ids, log-probs and metadata (its trajectory merging compares token ids, never text). `Full` capture keeps
+both JSON bodies too, for debugging.
 
 The shapes read are vLLM's OpenAI-compatible responses with `return_token_ids` and `logprobs`, which the
 reference model server also produces. vLLM puts the prompt's token ids at the top level of a chat completion
@@ -33,8 +33,9 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from asyncrl.capturing import CaptureMode
-from asyncrl.gateway.events_wire import LOG_PROBS, TOKEN_IDS, CallRecord, EventRecord, LogProbs, TokenIds
+from asyncrl.gateway.answer_tokens import read_answer
 from asyncrl.gateway.store import CapturedCall, Rollout
+from asyncrl.gateway_api.events import LOG_PROBS, TOKEN_IDS, CallRecord, EventRecord, LogProbs
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def _prompt_token_ids(response: Any, choice: dict[str, Any]) -> Any:
     return top if top is not None else choice.get("prompt_token_ids")
 
 
-def packed_token_ids(values: TokenIds) -> Sequence[int]:
+def packed_token_ids(values: Sequence[int]) -> Sequence[int]:
     """4 bytes per id (8 for ids past 2**31, kept as they are past 2**63): reads back as the same ints."""
     for typecode in ("i", "q"):
         try:
@@ -137,6 +138,42 @@ def _answer_json(raw: bytes) -> Any:
         return None
 
 
+_Choice = tuple[int, Sequence[int] | None, Sequence[int] | None, "array[float] | None", str | None, bool]
+
+
+def _fast_choices(response_body: bytes) -> list[_Choice] | None:
+    """(index, prompt ids, response ids, log-probs, unreadable, engine-aborted) of each choice of a plain,
+    well-formed answer, read by the typed decoder; None for anything else (then `_general_choices`)."""
+    read = read_answer(response_body)
+    if not read:  # not well-formed, or no choices: the general reader says what the call holds
+        return None
+    return [
+        (
+            _index_or_position(choice.index, position),
+            None if choice.prompt_token_ids is None else packed_token_ids(choice.prompt_token_ids),
+            None if choice.response_token_ids is None else packed_token_ids(choice.response_token_ids),
+            None if choice.log_probs is None else array("d", choice.log_probs),
+            None,
+            choice.finish_reason == "abort",
+        )
+        for position, choice in enumerate(read)
+    ]
+
+
+def _general_choices(response_body: bytes) -> list[_Choice]:
+    """The same for an answer of any shape: what cannot be read is named in `unreadable`."""
+    answer = _answer_json(response_body)
+    choices: list[_Choice] = []
+    for position, choice in enumerate(_choices(answer)):
+        prompt, response_ids, log_probs, unreadable = _tokens(answer, choice)
+        engine_aborted = isinstance(choice, dict) and choice.get("finish_reason") == "abort"
+        index = choice.get("index") if isinstance(choice, dict) else None
+        choices.append(
+            (_index_or_position(index, position), prompt, response_ids, log_probs, unreadable, engine_aborted)
+        )
+    return choices
+
+
 def capture_call(
     *,
     mode: CaptureMode,
@@ -155,14 +192,14 @@ def capture_call(
     prompts), each with its own prompt ids, generated ids and log-probs as arrays; every choice is a sample
     the policy generated, so each is trained on. In `Full` capture the first record keeps the JSON bodies.
     """
-    answer = _answer_json(response_body)
+    choices = _fast_choices(response_body)
+    if choices is None:
+        choices = _general_choices(response_body)
     full = mode is CaptureMode.FULL
     records = []
-    for index, choice in enumerate(_choices(answer)):
-        prompt, response_ids, log_probs, unreadable = _tokens(answer, choice)
+    for position, (index, prompt, response_ids, log_probs, unreadable, engine_aborted) in enumerate(choices):
         # vLLM answers 200 with `finish_reason: abort` and the tokens so far when its engine aborts a request
         # (verl's abort_all_requests, a server shutting down): an incomplete sample, never a training row.
-        engine_aborted = isinstance(choice, dict) and choice.get("finish_reason") == "abort"
         if engine_aborted:
             unreadable = "vLLM aborted this choice (finish_reason abort): its tokens are incomplete"
         records.append(
@@ -173,22 +210,21 @@ def capture_call(
                 latency_seconds=latency_seconds,
                 model_version=model_version,
                 started_at=started_at,
-                choice_index=_choice_index(choice, index),
+                choice_index=index,
                 prompt_token_ids=prompt,
                 response_token_ids=response_ids,
                 response_logprobs=log_probs,
                 agent_sampling=agent_sampling,
                 aborted=aborted or engine_aborted,
-                request_body=request_body if full and index == 0 else None,
-                response_body=response_body if full and index == 0 else None,
+                request_body=request_body if full and position == 0 else None,
+                response_body=response_body if full and position == 0 else None,
                 unreadable=unreadable,
             )
         )
     return tuple(records)
 
 
-def _choice_index(choice: Any, position: int) -> int:
-    index = choice.get("index") if isinstance(choice, dict) else None
+def _index_or_position(index: Any, position: int) -> int:
     return index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else position
 
 
@@ -276,7 +312,7 @@ def _str_or_none(value: Any) -> str | None:
 
 
 def events_document(rollout: Rollout) -> bytes:
-    """`GET /api/rollouts/{rollout_id}/events` as JSON bytes: an `events_wire.EventsDocument`."""
+    """`GET /api/rollouts/{rollout_id}/events` as JSON bytes: a `gateway_api.events.EventsDocument`."""
     view = rollout.view()
     try:
         encoded_view = view.model_dump_json().encode() if _strict_json(view.input) else None

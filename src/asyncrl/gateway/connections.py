@@ -9,12 +9,12 @@ deadline:
 - headers: from the connection's opening (or a request's first byte) until its headers are complete, at
   most `header_timeout_seconds` and `max_header_bytes`;
 - request: from the headers until the response is complete: no deadline here (a held call may wait many
-  minutes); the body has its own timeout at the door (`door.read_body`, 408);
+  minutes); the body has its own timeout at the door (`admission.read_body`, 408);
 - idle: between a response and the next request's first byte, `idle_timeout_seconds` (75 s, longer than any
   client's pool keeps a connection: see `tests/gateway/test_keep_alive.py`) for a connection that has shown
   a credential, `unproven_idle_timeout_seconds` for one that has not.
 
-A refused credential (401, 403) ends its connection with the answer (`door.authorize`).
+A refused credential (401, 403) ends its connection with the answer (`admission.authorize`).
 
 The cap: at most `max_connections` are open. A new connection beyond it makes room by closing an open one
 that is not in a request and has not shown the gateway key: the one with the least proven caller first,

@@ -43,6 +43,11 @@ class GatewayMetrics:
         self.paused = Gauge(
             "asyncrl_gateway_paused", "1 while the gateway is paused.", registry=self.registry
         )
+        self.pause_lease_expirations = Counter(
+            "asyncrl_gateway_pause_lease_expirations",
+            "Pauses that ended because their lease ran out unrenewed (the trainer died or was cut off).",
+            registry=self.registry,
+        )
         self.rejected_paused = Counter(
             "asyncrl_gateway_paused_rejections",
             "Model calls answered 429 while paused.",

@@ -1,8 +1,8 @@
 """What a model call that cannot be forwarded now gets: one policy per pause mode, chosen once at start-up.
 
 The gateway cannot forward a call while it is paused for a weight update, or before the trainer registered an
-upstream. `Hold` parks the call (`hold.py`) and the proxy tries again when it is released; `Reject` answers at
-once with the refusal (429 + Retry-After + X-Agl-Paused, Agent Lightning's contract; 503 without an
+upstream. `Hold` parks the call (`held_calls.py`) and the proxy tries again when it is released; `Reject`
+answers at once with the refusal (429 + Retry-After + X-Agl-Paused, Agent Lightning's contract; 503 without an
 upstream). A call that a pause with abort cancelled upstream meets the same policy: the proxy loops back to
 it, so Hold re-issues the call after the resume and Reject refuses it like a call that arrived during the
 pause. The proxy and the pause routes ask the policy, never the mode.
@@ -14,10 +14,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from asyncrl.gateway.door import ClientGone, Receive, Refused
-from asyncrl.gateway.hold import HeldCalls, HoldRefused
+from asyncrl.gateway.admission import ClientGone, Receive, Refused
+from asyncrl.gateway.held_calls import HeldCalls, HoldRefused
 from asyncrl.gateway.metrics import GatewayMetrics
-from asyncrl.pausing import PauseMode
+from asyncrl.pause_modes import PauseMode
 
 
 class PausePolicy(Protocol):

@@ -5,12 +5,12 @@ pydantic validation, one JSON decode/encode to set the model name, the response 
 as bytes (parsed later, off the hot path), and aiohttp as the upstream client (an order of magnitude faster
 than httpx's async pool at this concurrency; see the field notes). The wire contract is Agent Lightning's:
 paths, 429 + Retry-After + X-Agl-Paused while paused, and the same error body, in `Reject` mode; in `Hold`
-mode (the default) a call that arrives while paused waits in the gateway (`hold.py`) and is forwarded at the
-resume. Until the first upstream is registered (started without --upstream, then PUT /api/upstreams), model
-calls are held too (Hold) or get 503 + Retry-After (Reject). A pause with abort cancels the upstream calls in
-flight: nothing of them is captured, and Hold re-issues them after the resume.
-The limits every request meets (token before body, byte limit, JSON depth) are `door.py`'s, shared with the
-management routes.
+mode (the default) a call that arrives while paused waits in the gateway (`held_calls.py`) and is forwarded at
+the resume. Until the first upstream is registered (started without --upstream, then PUT /api/upstreams),
+model calls are held too (Hold) or get 503 + Retry-After (Reject). A pause with abort cancels the upstream
+calls in flight: nothing of them is captured, and Hold re-issues them after the resume.
+The limits every request meets (token before body, byte limit, JSON depth) are `admission.py`'s, shared with
+the management routes.
 """
 
 from __future__ import annotations
@@ -27,11 +27,7 @@ import aiohttp
 import msgspec
 
 from asyncrl.gateway.access import Caller, route_access
-from asyncrl.gateway.budgets import AgentBudgets
-from asyncrl.gateway.capture import capture_call, request_overrides
-from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.connections import record_caller
-from asyncrl.gateway.door import (
+from asyncrl.gateway.admission import (
     CLIENT_GONE,
     BodyLimit,
     ClientGone,
@@ -41,15 +37,19 @@ from asyncrl.gateway.door import (
     parse_json,
     read_charged_body,
 )
-from asyncrl.gateway.hold import HeldCalls
+from asyncrl.gateway.budgets import AgentBudgets
+from asyncrl.gateway.capture import capture_call, request_overrides
+from asyncrl.gateway.config import GatewayConfig
+from asyncrl.gateway.connections import record_caller
+from asyncrl.gateway.held_calls import HeldCalls
 from asyncrl.gateway.metrics import GatewayMetrics
-from asyncrl.gateway.paths import parse_proxy_path
-from asyncrl.gateway.pause import PauseState, header_seconds
 from asyncrl.gateway.pause_policy import pause_policy
+from asyncrl.gateway.pause_state import PauseState, header_seconds
 from asyncrl.gateway.relay import Answered, StreamOutcome, open_stream, pump, warn_if_not_found
 from asyncrl.gateway.sampling import SamplingRefused, apply_rollout_sampling
 from asyncrl.gateway.store import CapturedCall, CaptureFull, RolloutStore, UnknownAttempt, check_attempt
 from asyncrl.gateway.streaming import StreamAssembly, include_usage
+from asyncrl.gateway_api.paths import parse_proxy_path
 
 UPSTREAM_KEEP_ALIVE_SECONDS = 3.0  # below vLLM's 5 s keep-alive: see ProxyHandler.start
 logger = logging.getLogger(__name__)

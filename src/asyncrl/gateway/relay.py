@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from asyncrl.gateway.door import Refused
+from asyncrl.gateway.admission import Refused
 from asyncrl.gateway.streaming import (
     DONE,
     SSE_CONTENT_TYPE,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types.spec import GatewaySpec
 from asyncrl.capturing import CaptureMode
-from asyncrl.pausing import PauseMode
+from asyncrl.pause_modes import PauseMode
 from asyncrl.rollout_sampling import RolloutSampling, SamplingParamsPolicy
 
 MIN_RETRY_AFTER_SECONDS = 0.001  # Retry-After and retry-after-ms are sent with millisecond precision

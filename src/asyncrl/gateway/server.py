@@ -29,13 +29,13 @@ from asyncrl.gateway.config import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_JSON_DEPTH,
-    KEY_ENV_VAR,
     MAX_JSON_DEPTH_CEILING,
     GatewayConfig,
 )
 from asyncrl.gateway.connections import ConnectionLimits, connection_cap, guarded_protocol
 from asyncrl.gateway.run_settings import GatewayRunSettings, run_settings, standalone_defaults
-from asyncrl.pausing import PauseMode
+from asyncrl.gateway_api.tokens import KEY_ENV_VAR
+from asyncrl.pause_modes import PauseMode
 from asyncrl.rollout_sampling import SamplingParamsPolicy
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from types import FrameType
 
 import uvicorn
 
-from asyncrl.gateway.hold import HeldCalls
+from asyncrl.gateway.held_calls import HeldCalls
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from asyncrl.capturing import DEFAULT_MAX_CAPTURE_BYTES, DEFAULT_MAX_CAPTURE_BYTES_PER_ROLLOUT
 from asyncrl.gateway.listing import ListingOrder, Page
-from asyncrl.gateway.models import (
+from asyncrl.gateway_api.models import (
     CompletionEntry,
     LaunchTotals,
     Mode,

@@ -1,6 +1,6 @@
 """The components' command lines, built in one place for the operator and local mode.
 
-The operator puts them in the trainer pod's containers (`operator/children.py`); local mode runs them as
+The operator puts them in the trainer pod's containers (`workloads/children.py`); local mode runs them as
 processes (`local/run.py`). Both components read the run's own settings from its manifest (`--config`, the
 same `run.yaml`), so none of them is a flag here; only what differs between the two modes is passed in (where
 the run file, key and checkpoints live, the host and port to bind).

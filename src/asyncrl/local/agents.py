@@ -26,12 +26,12 @@ from typing import Any
 
 import httpx
 
-from asyncrl.gateway.client import GatewayClient, GatewayError, new_claim_key
-from asyncrl.gateway.models import RolloutView
-from asyncrl.operator.agent_jobs import agent_launch, agent_process
-from asyncrl.operator.names import ATTEMPT_ID
-from asyncrl.operator.templates import TemplateError, render_job
+from asyncrl.agent_templates.render import TemplateError, render_job
+from asyncrl.gateway_api.client import GatewayClient, GatewayError, new_claim_key
+from asyncrl.gateway_api.models import RolloutView
 from asyncrl.rollouts import RolloutState
+from asyncrl.workloads.agent_jobs import agent_launch, agent_process
+from asyncrl.workloads.names import ATTEMPT_ID
 
 logger = logging.getLogger(__name__)
 

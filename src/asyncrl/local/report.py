@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl.gateway.models import GatewayStats, WindowSummary
+from asyncrl.gateway_api.models import GatewayStats, WindowSummary
 from asyncrl.rollouts import TERMINAL_STATES, RolloutState
 
 COLUMNS = ("STEP", "ACTIVE", "CARRY-OVER", "MAX-AGE", "DRAIN", "REWARD", "FAILED", "RUNNING", "STEP-S")

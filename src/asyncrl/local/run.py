@@ -28,8 +28,8 @@ import httpx
 import yaml
 
 from asyncrl.api import AsyncTrainingRun, InvalidRunError
-from asyncrl.gateway.client import GatewayClient
-from asyncrl.gateway.config import KEY_ENV_VAR
+from asyncrl.gateway_api.client import GatewayClient
+from asyncrl.gateway_api.tokens import KEY_ENV_VAR
 from asyncrl.launch.commands import gateway_args, trainer_args
 from asyncrl.launch.processes import KILL_WAIT_SECONDS, free_port, stop_process_groups
 from asyncrl.local.agents import LocalAgents

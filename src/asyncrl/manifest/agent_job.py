@@ -20,18 +20,18 @@ from typing import Any
 import yaml
 
 from asyncrl.agent import ENV_KEY
+from asyncrl.agent_templates.job_schema import job_schema_problems
+from asyncrl.agent_templates.pod_policy import AgentPodPolicy
+from asyncrl.agent_templates.render import TemplateError
+from asyncrl.agent_templates.renderer import RendererUnavailable, RenderSettings, TemplateRenderer
 from asyncrl.api import AsyncTrainingRun, InvalidRunError
-from asyncrl.gateway.models import RolloutView
+from asyncrl.gateway_api.models import RolloutView
 from asyncrl.manifest.files import ManifestError, read_manifest
-from asyncrl.operator import names
-from asyncrl.operator.agent_jobs import AgentJobSettings, agent_launch, shape_agent_job
-from asyncrl.operator.children import gateway_service_url, owner_reference
-from asyncrl.operator.job_schema import job_schema_problems
-from asyncrl.operator.pod_policy import AgentPodPolicy
-from asyncrl.operator.renderer import RendererUnavailable, RenderSettings, TemplateRenderer
-from asyncrl.operator.templates import TemplateError
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.data import DataError, load_rows_file
+from asyncrl.workloads import names
+from asyncrl.workloads.agent_jobs import AgentJobSettings, agent_launch, shape_agent_job
+from asyncrl.workloads.children import gateway_service_url, owner_reference
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # the run's uid, known once it is created
 PLACEHOLDER_KEY = "<this rollout's token, derived from the run's gateway key>"

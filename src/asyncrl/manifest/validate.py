@@ -4,7 +4,7 @@ It checks, without a cluster, what `kubectl apply`, the operator and the trainer
 cross-field rules (the same `load_run` as local mode and the operator, so the same messages); the manifest's
 size against `kubectl apply`'s annotation and the run's ConfigMap (`size_limits`); the agent template
 rendered for every inline row (not only the first, which is all the operator's start check has), each Job
-checked against the Job's OpenAPI schema, label and quantity rules (`operator/job_schema.py`); and
+checked against the Job's OpenAPI schema, label and quantity rules (`agent_templates/job_schema.py`); and
 `verlOverrides` against verl's own config where verl is installed (`verl_check`). One line per problem, each
 naming the file and the field, and `note:` lines for what was not checked or is ignored; exit 0 when every
 file is valid, 1 otherwise.
@@ -18,15 +18,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from asyncrl.agent_templates.job_schema import job_schema_problems
+from asyncrl.agent_templates.pod_policy import AgentPodPolicy
+from asyncrl.agent_templates.render import TemplateError, sample_variables
+from asyncrl.agent_templates.renderer import RendererUnavailable, RenderSettings, TemplateRenderer
 from asyncrl.api import AsyncTrainingRun, InvalidRunError
 from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.manifest.size_limits import client_side_apply_problem
 from asyncrl.manifest.verl_check import Findings, verl_findings
-from asyncrl.operator import children, names
-from asyncrl.operator.job_schema import job_schema_problems
-from asyncrl.operator.pod_policy import AgentPodPolicy
-from asyncrl.operator.renderer import RendererUnavailable, RenderSettings, TemplateRenderer
-from asyncrl.operator.templates import TemplateError, sample_variables
+from asyncrl.workloads import children, names
 
 ROWS_NAMED = 5  # rows named per template problem; the rest are counted
 

@@ -25,19 +25,20 @@ from typing import Any
 import kopf
 import stamina
 
+from asyncrl.agent_templates.renderer import RenderSettings, TemplateRenderer
 from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, InvalidRunError, load_run
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.api.types.status import Condition, ConditionStatus, Phase, with_condition
-from asyncrl.operator import children, children_io, names, ray_child
-from asyncrl.operator.child_index import ChildIndex
-from asyncrl.operator.children_io import TrainerJobCreation, TrainerJobRejected
-from asyncrl.operator.controller import RunController
 from asyncrl.operator.diffbase import RunDiffBaseStorage
+from asyncrl.operator.dispatcher.controller import RunController
 from asyncrl.operator.kube import JSON, Kube, LabelWatch, count_requests
 from asyncrl.operator.metrics import OperatorMetrics
-from asyncrl.operator.renderer import RenderSettings, TemplateRenderer
+from asyncrl.operator.reconciliation import children_io, ray_child
+from asyncrl.operator.reconciliation.child_index import ChildIndex
+from asyncrl.operator.reconciliation.children_io import TrainerJobCreation, TrainerJobRejected
+from asyncrl.operator.reconciliation.run_context import RunContext
 from asyncrl.operator.retry import Backoff, one_line_reason
-from asyncrl.operator.run_context import RunContext
+from asyncrl.workloads import children, names
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from asyncrl.api.types.meta import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from asyncrl.operator import names
+from asyncrl.workloads import names
 
 logger = logging.getLogger(__name__)
 

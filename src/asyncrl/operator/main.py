@@ -7,9 +7,9 @@ import logging
 
 import stamina.instrumentation
 
+from asyncrl.agent_templates.pod_policy import AgentPodPolicy
+from asyncrl.agent_templates.renderer import RenderSettings
 from asyncrl.operator.metrics import OperatorMetrics
-from asyncrl.operator.pod_policy import AgentPodPolicy
-from asyncrl.operator.renderer import RenderSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ import httpx
 import pydantic
 import stamina
 
-from asyncrl.gateway.client import GatewayError
+from asyncrl.gateway_api.client import GatewayError
 
 logger = logging.getLogger(__name__)
 

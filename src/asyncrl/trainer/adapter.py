@@ -3,7 +3,7 @@
 Every training backend trains on `TrainingRow`s, and what goes into them decides what the optimizer learns:
 which tokens carry loss, which log-probs importance sampling divides by, which reward a failed agent gets.
 Those rules live here once, as plain Python without I/O, so both backends agree and property-based tests can
-pin them. The input is the events document (`asyncrl.gateway.events_wire.EventsDocument`, the type the gateway
+pin them. The input is the events document (`asyncrl.gateway_api.events.EventsDocument`, the type the gateway
 writes it with); the output is rows plus counts of everything that was dropped, truncated or filled in, so
 nothing is lost silently.
 
@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrl import metric_names as names
 from asyncrl.api.types.spec import SampleLevel
-from asyncrl.gateway.events_wire import EventsDocument
+from asyncrl.gateway_api.events import EventsDocument
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.rows import TrainingRow
 

@@ -12,7 +12,7 @@ turns a permanent one into the run's Failed phase and stops the trainer, and loc
 
 from __future__ import annotations
 
-from asyncrl.gateway.models import TrainerOutcome
+from asyncrl.gateway_api.models import TrainerOutcome
 
 EXIT_CONFIG_ERROR = 78  # EX_CONFIG in sysexits.h
 EXIT_RUN_FAILED = 79

@@ -1,8 +1,8 @@
 """What the step loop needs from the gateway: the calls `StepLoop` and `RowPrefetcher` make, and nothing more.
 
 The trainer owns this contract, so its loop can be driven by anything that keeps it: in production the HTTP
-client (`asyncrl.gateway.client.GatewayClient`, which satisfies it structurally; mypy checks that below), in
-unit tests an in-memory gateway. The types are the gateway's own wire models, so nothing is redefined here.
+client (`asyncrl.gateway_api.client.GatewayClient`, which satisfies it structurally; mypy checks that below),
+in unit tests an in-memory gateway. The types are the gateway's own wire models, so nothing is redefined here.
 
 Failures keep the client's shape: a gateway that is gone raises `httpx.TransportError`, an error answer
 raises `GatewayError` with its HTTP status (404 for an unknown rollout, 409 for a refused transition, 410 for
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from asyncrl.gateway.client import EventsBatch, GatewayClient, PauseResult
-from asyncrl.gateway.models import (
+from asyncrl.gateway_api.client import EventsBatch, GatewayClient, PauseResult
+from asyncrl.gateway_api.models import (
     CompletionPage,
     GatewayStats,
     PauseView,

@@ -30,9 +30,14 @@ from typing import Any
 import httpx
 
 from asyncrl import metric_names as names
-from asyncrl.gateway.client import GatewayError, PauseResult
-from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES, CompletionEntry, GatewayStats, RolloutCreate
-from asyncrl.pausing import DrainPolicy
+from asyncrl.gateway_api.client import GatewayError, PauseResult
+from asyncrl.gateway_api.models import (
+    DEFAULT_EVENTS_BATCH_BYTES,
+    CompletionEntry,
+    GatewayStats,
+    RolloutCreate,
+)
+from asyncrl.pause_modes import DrainPolicy
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts
 from asyncrl.trainer.backends import TrainerBackend, UpdateMetrics
@@ -138,6 +143,7 @@ class StepLoop:
         self._inputs: dict[str, Any] = {}  # group id -> its prompt row, to redraw a group a gateway lost
         self._instance_id: str | None = None  # the gateway instance that holds our rollouts
         self._resync_needed = False  # a gateway call failed: the window may not match the gateway
+        self._step_paused = False  # this step's pause was sent and the gateway not yet resumed after it
         self._first_epoch_only = settings.total_steps is None
         self._failed_steps = 0  # consecutive steps whose consumed groups held nothing to train on
         self._saved_step: int | None = None  # the step of the last checkpoint written or loaded
@@ -409,9 +415,11 @@ class StepLoop:
                 if isinstance(error, GatewayError) and error.status < 500 and error.status != 404:
                     raise
                 logger.warning(
-                    "step %d: the gateway failed (%s); syncing with it and continuing", step, error
+                    "step %d: the gateway failed (%s); syncing with it and continuing", step, _failure(error)
                 )
                 self._resync_needed = True
+                if self._step_paused:
+                    await self._reopen_after_failure(step)
         raise RuntimeError(
             f"step {step}: the gateway failed {MAX_GATEWAY_RECOVERIES_PER_STEP} times in one step; giving up"
         )
@@ -434,6 +442,7 @@ class StepLoop:
                 await self._draw(step)  # keep windowSize groups unfinished while collecting
         await self._prefetcher.settle(window.update_groups())  # the rows are ready before the pause
         wait_started = time.monotonic()
+        self._step_paused = True  # before sending: a pause whose answer is lost still paused the gateway
         drain = await self.gateway.pause(
             reason=f"weight update, step {step}",
             retry_after_seconds=self.settings.retry_after_seconds,
@@ -499,6 +508,23 @@ class StepLoop:
 
     # -- pieces -------------------------------------------------------------------------------------------
 
+    async def _reopen_after_failure(self, step: int) -> None:
+        """Resume the gateway that this step paused before it failed, before collecting again.
+
+        The retried step syncs and may wait for completions again; with the gateway still paused, the agents
+        it waits for could not call the model (every call held until the hold timeout). Before, the gateway
+        stayed paused until the retried step's own pause and resume (seen up to 8.6 s in the soak).
+        """
+        try:
+            await self._resume_confirmed(step)
+        except GatewayFailure as error:
+            logger.warning(
+                "step %d: resuming the gateway after the failure failed too (%s); its pause lease ends the "
+                "pause if nothing else does",
+                step,
+                error,
+            )
+
     async def _resume_confirmed(self, step: int) -> None:
         """Resume the gateway at the new version, retried until it answers that it is open.
 
@@ -511,6 +537,7 @@ class StepLoop:
             try:
                 view = await self.gateway.resume(model_version=self.backend.model_version)
                 if not view.paused:
+                    self._step_paused = False
                     return
                 failure: Exception = GatewayError(
                     200, "the gateway still reports paused after the resume", None
@@ -522,7 +549,7 @@ class StepLoop:
             if time.monotonic() + delay > deadline:
                 raise failure
             logger.warning(
-                "step %d: resuming the gateway failed (%s); retrying in %.1fs", step, failure, delay
+                "step %d: resuming the gateway failed (%s); retrying in %.1fs", step, _failure(failure), delay
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESUME_RETRY_MAX_SECONDS)
@@ -647,6 +674,12 @@ class StepLoop:
             **spread(names.ROLLOUT_QUEUE_WAIT_SECONDS, waits),
             **spread(names.ROLLOUT_RUN_SECONDS, runs),
         }
+
+
+def _failure(error: Exception) -> str:
+    """An error as a log line names it: httpx's timeouts carry no message, so the type says what happened."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -17,9 +17,9 @@ import yaml
 from asyncrl.api import AsyncTrainingRun, InvalidRunError, load_run
 from asyncrl.api.types.spec import TrainerBackend
 from asyncrl.api.types.verl_overrides import LEARNING_RATE_KEY, flatten_overrides
-from asyncrl.gateway.client import GatewayClient, GatewayError
-from asyncrl.gateway.config import KEY_ENV_VAR
-from asyncrl.gateway.models import TrainerOutcome, TrainerReport
+from asyncrl.gateway_api.client import GatewayClient, GatewayError
+from asyncrl.gateway_api.models import TrainerOutcome, TrainerReport
+from asyncrl.gateway_api.tokens import KEY_ENV_VAR
 from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.backends import TrainerBackend as Backend
 from asyncrl.trainer.data import DataError, PromptSource, load_rows_file
@@ -33,7 +33,7 @@ from asyncrl.trainer.metrics import (
     VerlTrackingSink,
     metrics_places,
 )
-from asyncrl.trainer.pause_reporting import PauseReportingClient
+from asyncrl.trainer.pause_holding import PauseHoldingClient
 from asyncrl.trainer.preflight_cluster import DEFAULT_WAIT_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ async def train(args: argparse.Namespace) -> int:
     await backend.start()
     logger.info("model servers %s; gateway %s", ", ".join(backend.serve_urls), args.gateway_url)
     try:
-        async with PauseReportingClient(args.gateway_url, key, report=sinks.report_holding_pause) as gateway:
+        async with PauseHoldingClient(args.gateway_url, key, report=sinks.report_holding_pause) as gateway:
             loop = StepLoop(settings=settings, gateway=gateway, backend=backend, prompts=prompts, sinks=sinks)
             result = await loop.run()
         logger.info("finished: %s", result.describe())

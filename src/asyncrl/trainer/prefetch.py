@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import httpx
 
 from asyncrl import metric_names as names
-from asyncrl.gateway.client import GatewayError
-from asyncrl.gateway.events_wire import EventsDocument
-from asyncrl.gateway.models import DEFAULT_EVENTS_BATCH_BYTES
+from asyncrl.gateway_api.client import GatewayError
+from asyncrl.gateway_api.events import EventsDocument
+from asyncrl.gateway_api.models import DEFAULT_EVENTS_BATCH_BYTES
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig, AdapterCounts, adapt_rollout
 from asyncrl.trainer.gateway_port import TrainerGateway

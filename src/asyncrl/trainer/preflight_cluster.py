@@ -1,7 +1,7 @@
 """What verl needs of a multi-node run's Ray cluster, checked by the driver before verl asks for it.
 
 With `spec.trainer.nodes > 1`, `asyncrl trainer` is the Ray driver in the head pod, a container without GPUs
-(asyncrl.operator.ray_cluster); verl's GPUs, CPUs and /dev/shm are the Ray nodes' (the `ray-head` and
+(asyncrl.workloads.ray_cluster); verl's GPUs, CPUs and /dev/shm are the Ray nodes' (the `ray-head` and
 `ray-worker` containers). So the driver joins the cluster and checks there:
 - the head answers at RAY_ADDRESS, then every node has joined. Workers join after the head (scheduling,
   image pulls, KubeRay's wait-gcs-ready), so the driver waits up to a deadline, logging who is missing. verl

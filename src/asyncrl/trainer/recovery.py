@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from asyncrl.gateway.models import RolloutView
+from asyncrl.gateway_api.models import RolloutView
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.window import Group
 

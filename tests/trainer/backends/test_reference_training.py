@@ -164,6 +164,24 @@ def test_without_rollout_correction_the_loss_gets_no_weights(monkeypatch: pytest
     assert metrics.importance_weight_max is None
 
 
+def test_rejection_masks_tokens_whose_ratio_is_out_of_bounds_out_of_the_loss() -> None:
+    backend = small_backend(rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")
+    rows = random_rows(groups=2, per_group=2, prompt_tokens=8, response_tokens=8)
+    # Every token's ratio to a behaviour log-prob of -30 is far above 2: all are masked, nothing is trained.
+    stale = [
+        dataclasses.replace(original, rollout_log_probs=(-30.0,) * len(original.response_token_ids))
+        for original in rows
+    ]
+    metrics = backend.update_blocking(stale, step=0)
+    assert metrics.extra["rollout_corr/rollout_rs_masked_fraction"] == 1.0
+    assert metrics.importance_weight_max is None  # no trained token left to report a weight of
+
+
+def test_rejection_without_bounds_is_refused() -> None:
+    with pytest.raises(ValueError, match="rollout_rs_threshold"):
+        small_backend(rollout_rs="token_k1")
+
+
 def test_several_epochs_and_mini_batches_take_several_steps_and_clip() -> None:
     backend = small_backend(ppo_epochs=3, mini_batches=2, learning_rate=1e-2)
     rows = with_policy_log_probs(

@@ -2,7 +2,7 @@
 
 Off the hot path, so clarity wins here: typed request models and one error shape (`{"error": ..., ...}`).
 Which caller may call which route is `access.py`'s table. Requests reach these routes only through the door
-(`door.py`: token before body, byte and JSON limits), because FastAPI reads a body before it runs
+(`admission.py`: token before body, byte and JSON limits), because FastAPI reads a body before it runs
 dependencies; `access_check`, which every route runs, reads the same table as a second line.
 """
 
@@ -17,10 +17,10 @@ from fastapi import Request
 from fastapi.params import Depends as DependsParam
 
 from asyncrl.gateway.access import route_access
+from asyncrl.gateway.admission import authorize
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.door import authorize
 from asyncrl.gateway.metrics import GatewayMetrics
-from asyncrl.gateway.pause import PauseState
+from asyncrl.gateway.pause_state import PauseState
 from asyncrl.gateway.proxy import ProxyHandler
 from asyncrl.gateway.store import Rollout, RolloutNotFound, RolloutStore
 
@@ -83,8 +83,9 @@ class GatewayParts:
 
 def access_check(parts: GatewayParts) -> DependsParam:
     """The dependency every route runs: the caller `access.py`'s table admits on this method and path, or
-    the door's refusal (`door.Refused`, answered as the door answers it). A coroutine: FastAPI runs a plain
-    function dependency in its thread pool, which cost every request a thread hop and extra loop turns."""
+    admission's refusal (`admission.Refused`, answered as admission answers it). A coroutine: FastAPI runs a
+    plain function dependency in its thread pool, which cost every request a thread hop and extra loop
+    turns."""
 
     async def check(request: Request) -> None:
         access = route_access(request.method, request.scope["path"])

@@ -14,11 +14,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
 
+from asyncrl.gateway.admission import PARSED_BODY_SCOPE_KEY
 from asyncrl.gateway.capture import events_document
-from asyncrl.gateway.door import PARSED_BODY_SCOPE_KEY
-from asyncrl.gateway.models import AgentEvent, EventsBatchRequest
 from asyncrl.gateway.routes.common import ApiError, GatewayParts
 from asyncrl.gateway.store import EventRejected, RolloutFinished, RolloutNotFound, UnknownAttempt
+from asyncrl.gateway_api.models import AgentEvent, EventsBatchRequest
 
 _ENCODER = msgspec.json.Encoder()
 _EVENT_SCHEMA = AgentEvent.model_json_schema()

@@ -13,9 +13,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from asyncrl.gateway.models import CompletionPage, GatewayStats, TrainerReport, WindowSummary
 from asyncrl.gateway.routes.common import ApiError, GatewayParts
 from asyncrl.gateway.store import FeedGap
+from asyncrl.gateway_api.models import CompletionPage, GatewayStats, TrainerReport, WindowSummary
 from asyncrl.rollouts import RolloutState
 
 TERMINAL_ORDER = tuple(state for state in RolloutState if state.is_terminal)

@@ -21,10 +21,10 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from asyncrl.gateway.auth import agent_token
-from asyncrl.gateway.pool_models import PoolAssignment, PoolClaim, PoolOutcome, PoolRelease, PoolReleased
 from asyncrl.gateway.routes.common import ApiError, GatewayParts, unless_disconnected
 from asyncrl.gateway.store import Rollout, RolloutConflict
+from asyncrl.gateway_api.pool import PoolAssignment, PoolClaim, PoolOutcome, PoolRelease, PoolReleased
+from asyncrl.gateway_api.tokens import agent_token
 from asyncrl.rollouts import RolloutState
 
 LAUNCH_PREFIX = "pool:"

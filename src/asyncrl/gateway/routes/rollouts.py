@@ -10,7 +10,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Request, Response
 
-from asyncrl.gateway.models import (
+from asyncrl.gateway.routes.common import ApiError, GatewayParts, unless_disconnected
+from asyncrl.gateway.store import (
+    RolloutConflict,
+)
+from asyncrl.gateway_api.models import (
     DEFAULT_LISTING_PAGE,
     MAX_LISTING_PAGE,
     ClaimRequest,
@@ -21,10 +25,6 @@ from asyncrl.gateway.models import (
     RolloutPage,
     RolloutView,
     Transition,
-)
-from asyncrl.gateway.routes.common import ApiError, GatewayParts, unless_disconnected
-from asyncrl.gateway.store import (
-    RolloutConflict,
 )
 from asyncrl.rollouts import RolloutState
 

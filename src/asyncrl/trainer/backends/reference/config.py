@@ -55,8 +55,26 @@ class UpdateConfig(BaseModel):
         default="token", description="Rollout importance-sampling level; None turns the correction off."
     )
     rollout_is_threshold: float = Field(default=2.0, gt=0, description="Importance weights are capped here.")
+    rollout_rs: str | None = Field(
+        default=None,
+        description=(
+            "verl's rejection sampling: tokens or sequences whose divergence from the behaviour policy is "
+            "out of bounds are masked out of the loss (e.g. 'token_k1', 'seq_sum_k1'; comma separated); "
+            "None masks nothing."
+        ),
+    )
+    rollout_rs_threshold: str | float | None = Field(
+        default=None,
+        description="Bounds of rollout_rs as verl reads them (k1: 'lower_upper' ratios, e.g. '0.5_2.0').",
+    )
     ppo_epochs: int = Field(default=1, ge=1, description="Passes over the rows per update.")
     mini_batches: int = Field(default=1, ge=1, description="Optimizer steps per pass (rows split evenly).")
+
+    @model_validator(mode="after")
+    def _rejection_has_bounds(self) -> Self:
+        if self.rollout_rs is not None and self.rollout_rs_threshold is None:
+            raise ValueError(f"rollout_rs {self.rollout_rs!r} needs rollout_rs_threshold")
+        return self
 
 
 class ServerConfig(BaseModel):

@@ -8,7 +8,8 @@ actor loop in miniature, in verl's decoupled (non-bypass) mode:
 
 1. `old_log_probs`: the current policy's log-probs of the response tokens, recomputed before any step;
 2. importance weights `min(exp(old - rollout), threshold)` per token (or per sequence) for the staleness
-   between the policy that sampled (`rollout_log_probs`, recorded by the gateway) and the current one;
+   between the policy that sampled (`rollout_log_probs`, recorded by the gateway) and the current one, and
+   optionally verl's rejection mask (`rollout_rs`), which drops tokens or sequences from the loss;
 3. GRPO advantages over each group's rows (`index` = group id);
 4. `ppo_epochs` passes of `mini_batches` AdamW steps on the PPO-clip loss times the importance weights.
 """
@@ -101,6 +102,8 @@ def grpo_update(
         response_mask=batch.response_mask,
         rollout_is=config.rollout_is,
         rollout_is_threshold=config.rollout_is_threshold,
+        rollout_rs=config.rollout_rs,
+        rollout_rs_threshold=config.rollout_rs_threshold,
     )
     weights = None if weights_proto is None else weights_proto.batch["rollout_is_weights"]
     loss_fn = core_algos.get_policy_loss_fn(POLICY_LOSS)  # type: ignore[no-untyped-call]
@@ -136,8 +139,8 @@ def grpo_update(
             grad_norms.append(float(grad_norm))
             per_step.append(metrics)
 
-    trained = response_mask.bool()
-    used = weights[trained] if weights is not None else None
+    trained = response_mask.bool()  # after rejection: masked tokens took no part in the loss
+    used = weights[trained] if weights is not None and trained.any() else None
     return UpdateStats(
         loss=_mean(losses),
         grad_norm=_mean(grad_norms),

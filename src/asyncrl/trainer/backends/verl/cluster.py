@@ -2,7 +2,7 @@
 
 One node (`trainer.nnodes: 1`): `ray.init()` starts Ray inside the trainer container, sized to the pod
 (resources.py). More nodes: the operator built a KubeRay RayCluster whose head pod holds this trainer as the
-driver (asyncrl.operator.ray_cluster); the driver joins it at `RAY_ADDRESS` (127.0.0.1:6379, the head's GCS in
+driver (asyncrl.workloads.ray_cluster); the driver joins it at `RAY_ADDRESS` (127.0.0.1:6379, the GCS in
 the same pod) and must not size or start anything itself: the cluster's resources are the nodes' own. vLLM's
 replicas then run on every node, and `llm_server_manager.get_addresses()` returns each replica's pod address,
 which the step loop registers with the gateway like the one-node replicas.

@@ -1,0 +1,198 @@
+"""The run's state machine: its next status from what the operator observed (pure, so the rules are tested
+directly). The one place the phases, their messages and the conditions are decided (docs/status.md).
+
+Phase rules, first match wins:
+- a fatal error (the trainer reported a configuration error or a run that cannot progress, the template or
+  the spec cannot work) → Failed with that reason;
+- the trainer ended: Failed (with the Job's or KubeRay's reason, whether or not the gateway ever answered)
+  or Succeeded;
+- `spec.suspend` → Suspended;
+- no trainer yet → Pending, naming what it waits for (the trainer Job being created);
+- the trainer suspended by someone else (Kueue, until it admits the trainer): Pending before the run first
+  ran, naming the queue; Suspended after (Kueue preempted it), until it is admitted again;
+- the gateway answers → Running;
+- the run was Running before (its startTime is set) → Running still, the message saying the gateway does not
+  answer (the trainer pod restarts, or its Job is being recreated): a phase never goes back to Starting;
+- otherwise → Starting (the trainer pod scheduling, images pulling, the gateway starting).
+A terminal phase (Succeeded, Failed) never changes again.
+
+Conditions, all written here:
+- `Ready`: True while Running;
+- `GatewayReachable`: whether the operator reached the gateway last time; removed once the run ended (the
+  gateway is gone with the trainer, and that is no fault);
+- `AgentTemplateValid`: whether the agent template renders;
+- `Complete` / `Failed`: True on Succeeded / Failed, so that `kubectl wait --for=condition=...` works; while
+  False their reason says why (`NotFinished`, or the other end state).
+`PodTemplateApplied` is written once, when the trainer Job is created (handlers.py), and kept.
+An unchanged observation gives an equal status, so the caller writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from asyncrl.api import AsyncTrainingRunStatus, Phase
+from asyncrl.api.types.status import Condition, ConditionStatus, JobCounts, RolloutCounts, with_condition
+from asyncrl.rollouts import RolloutState
+from asyncrl.window_summary import WindowSummary
+from asyncrl.workloads.trainer_state import TrainerEnd, TrainerObservation
+
+PENDING_TRAINER = "waiting for the trainer to be created"
+STARTING = "waiting for the trainer pod and its gateway"
+GATEWAY_CONDITION = "GatewayReachable"
+
+
+@dataclass(frozen=True)
+class RunObservation:
+    generation: int
+    suspended: bool
+    trainer: TrainerObservation | None  # None: the trainer Job (or RayCluster) does not exist
+    gateway_reachable: bool
+    summary: WindowSummary | None
+    rollout_counts: Mapping[RolloutState, int] | None
+    jobs_active: int
+    jobs_created: int
+    jobs_failed: int
+    template_error: str | None
+    fatal_error: str | None = None  # the run cannot succeed: phase Failed with this message
+    trainer_error: str | None = None  # the trainer's last reported (restartable) error
+
+
+def phase_of(observation: RunObservation, *, was_running: bool = False) -> tuple[Phase, str]:
+    """The phase the observation shows (before the terminal-stays-terminal rule of `next_status`)."""
+    trainer = observation.trainer
+    last_error = f"the trainer's last error: {observation.trainer_error}" if observation.trainer_error else ""
+    match observation:
+        case RunObservation(fatal_error=str(fatal)):
+            return Phase.FAILED, fatal
+        case RunObservation(trainer=TrainerObservation(ended=TrainerEnd.FAILED)):
+            assert trainer is not None
+            message = f"the trainer Job failed ({trainer.reason}): {trainer.message}".strip()
+            if not observation.gateway_reachable and not was_running:
+                message = f"{message}; its gateway never answered"
+            return Phase.FAILED, f"{message}; {last_error}" if last_error else message
+        case RunObservation(trainer=TrainerObservation(ended=TrainerEnd.SUCCEEDED)):
+            return Phase.SUCCEEDED, "the trainer finished"
+        case RunObservation(suspended=True):
+            return Phase.SUSPENDED, "suspended: no new agent Jobs; the trainer is suspended"
+        case RunObservation(trainer=None) if not was_running:
+            return Phase.PENDING, PENDING_TRAINER
+        case RunObservation(trainer=TrainerObservation(suspended=True, suspended_by_run=False)):
+            assert trainer is not None
+            if was_running:
+                return Phase.SUSPENDED, f"the trainer was suspended by {_holder(trainer)} (preempted?)"
+            return Phase.PENDING, f"waiting for {_holder(trainer)} to admit the trainer"
+        case RunObservation(gateway_reachable=True):
+            return Phase.RUNNING, f"training ({last_error}; it was restarted)" if last_error else "training"
+        case _ if was_running:
+            missing = " (its trainer is being recreated)" if trainer is None else ""
+            return Phase.RUNNING, f"training; the gateway does not answer{missing}"
+        case _:
+            return Phase.STARTING, STARTING
+
+
+def _holder(trainer: TrainerObservation) -> str:
+    """Who suspended a trainer the run did not: its Kueue queue, when it names one."""
+    return f"Kueue (queue {trainer.queue})" if trainer.queue else "someone else (not this run)"
+
+
+def _condition(kind: str, ok: bool, reason: str, message: str, now: datetime, generation: int) -> Condition:
+    return Condition(
+        type=kind,
+        status=ConditionStatus.TRUE if ok else ConditionStatus.FALSE,
+        reason=reason,
+        message=message,
+        last_transition_time=now,
+        observed_generation=generation,
+    )
+
+
+def _end_condition_reason(kind: str, phase: Phase) -> str:
+    """Why `Complete` / `Failed` is what it is: the end state reached, or NotFinished."""
+    if phase.is_terminal:
+        return str(phase)
+    return "NotFinished"
+
+
+def conditions_of(
+    current: list[Condition],
+    *,
+    phase: Phase,
+    message: str,
+    observation: RunObservation,
+    now: datetime,
+) -> list[Condition]:
+    """Every condition the operator writes but PodTemplateApplied (see the module docstring)."""
+    generation = observation.generation
+    conditions = list(current)
+    if phase.is_terminal:
+        conditions = [c for c in conditions if c.type != GATEWAY_CONDITION]
+    else:
+        reachable = observation.gateway_reachable
+        conditions = with_condition(
+            conditions,
+            _condition(
+                GATEWAY_CONDITION,
+                reachable,
+                "Reachable" if reachable else "Unreachable",
+                "" if reachable else "the operator cannot reach the run's gateway (yet)",
+                now,
+                generation,
+            ),
+        )
+    template_ok = observation.template_error is None
+    conditions = with_condition(
+        conditions,
+        _condition(
+            "AgentTemplateValid",
+            template_ok,
+            "Rendered" if template_ok else "TemplateError",
+            observation.template_error or "",
+            now,
+            generation,
+        ),
+    )
+    conditions = with_condition(
+        conditions, _condition("Ready", phase is Phase.RUNNING, str(phase), message, now, generation)
+    )
+    for kind, reached in (("Complete", Phase.SUCCEEDED), ("Failed", Phase.FAILED)):
+        ok = phase is reached
+        conditions = with_condition(
+            conditions,
+            _condition(kind, ok, _end_condition_reason(kind, phase), message if ok else "", now, generation),
+        )
+    return conditions
+
+
+def next_status(
+    current: AsyncTrainingRunStatus, observation: RunObservation, *, now: datetime
+) -> AsyncTrainingRunStatus:
+    if current.phase is not None and current.phase.is_terminal:
+        phase, message = current.phase, current.message or str(current.phase)  # a finished run stays so
+    else:
+        phase, message = phase_of(observation, was_running=current.start_time is not None)
+    status = current
+    if observation.summary is not None:
+        status = status.with_window_summary(observation.summary, now=now)
+    update: dict[str, Any] = {
+        "phase": phase,
+        "message": message,
+        "observed_generation": observation.generation,
+        "conditions": conditions_of(
+            list(status.conditions), phase=phase, message=message, observation=observation, now=now
+        ),
+        "jobs": JobCounts(
+            active=observation.jobs_active, created=observation.jobs_created, failed=observation.jobs_failed
+        ),
+    }
+    if observation.rollout_counts is not None:
+        counts = {RolloutState(state): count for state, count in observation.rollout_counts.items()}
+        update["rollouts"] = RolloutCounts.from_states(counts)
+    if observation.trainer is not None and observation.trainer.cluster_state is not None:
+        update["ray_cluster"] = observation.trainer.cluster_state
+    if status.start_time is None and phase is Phase.RUNNING:
+        update["start_time"] = now
+    return status.model_copy(update=update)
