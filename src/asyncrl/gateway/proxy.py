@@ -351,8 +351,21 @@ class ProxyHandler:
                 return opened.status
             self.metrics.stream_first_chunk.observe(opened.opened_at - started)
             assembly = StreamAssembly(chat=call.endpoint == "chat/completions")
+
+            def capture_completed() -> None:
+                # Before the agent is sent [DONE]: an agent that reports its reward on reading it must not
+                # end its rollout before this call is in the store (the trainer would train without it).
+                response = json.dumps(assembly.response()).encode()
+                self._capture(call, 200, response, started_at, model_version, aborted=False)
+
             relaying = asyncio.ensure_future(
-                pump(opened, send=send, assembly=assembly, agent_wants_usage=call.agent_wants_usage)
+                pump(
+                    opened,
+                    send=send,
+                    assembly=assembly,
+                    agent_wants_usage=call.agent_wants_usage,
+                    before_done=capture_completed,
+                )
             )
             tasks.append(relaying)
             try:
@@ -361,19 +374,25 @@ class ProxyHandler:
                     outcome = relaying.result()
                 else:
                     relaying.cancel()
-                    # An agent that leaves on the error event of a broken stream did not abandon it.
-                    outcome = StreamOutcome.FAILED if assembly.broken else StreamOutcome.ABANDONED
+                    # An agent that leaves on the error event of a broken stream did not abandon it, nor one
+                    # that leaves on (or while being sent) the [DONE] of a complete one: that is captured.
+                    if assembly.broken:
+                        outcome = StreamOutcome.FAILED
+                    elif assembly.done:
+                        outcome = StreamOutcome.COMPLETED
+                    else:
+                        outcome = StreamOutcome.ABANDONED
             finally:
                 opened.close()
                 self.upstreams.release(opened.url)
             self.metrics.streamed_calls.labels(outcome.value).inc()
             if outcome is StreamOutcome.FAILED:
                 return 200  # the status line was sent; the agent got an error event, nothing is captured
+            if outcome is StreamOutcome.COMPLETED:
+                return 200  # captured by `capture_completed`, before [DONE] was sent on
             response = json.dumps(assembly.response()).encode()
-            aborted = outcome is StreamOutcome.ABANDONED
-            status = CLIENT_GONE if aborted else 200
-            self._capture(call, status, response, started_at, model_version, aborted=aborted)
-            return status
+            self._capture(call, CLIENT_GONE, response, started_at, model_version, aborted=True)
+            return CLIENT_GONE
         finally:
             for task in tasks:
                 if not task.done():

@@ -156,11 +156,19 @@ def _drop(response: aiohttp.ClientResponse | None, url: str, release: Callable[[
 
 
 async def pump(
-    stream: OpenStream, *, send: Send, assembly: StreamAssembly, agent_wants_usage: bool
+    stream: OpenStream,
+    *,
+    send: Send,
+    assembly: StreamAssembly,
+    agent_wants_usage: bool,
+    before_done: Callable[[], None] | None = None,
 ) -> StreamOutcome:
     """Relay the stream to the agent until [DONE] (COMPLETED) or a break (FAILED: an error event is sent).
 
     The usage chunk is relayed only when the agent asked for it (the gateway always asks, for the capture).
+    `before_done` is called once, synchronously, when the upstream's [DONE] arrives and before it is sent on:
+    the call is captured there, so an agent that ends its rollout as soon as it reads [DONE] cannot have the
+    rollout end without its last call. Not called for a broken stream (its [DONE] follows an error event).
     Cancelling it (the agent went away) propagates; the caller closes the connection.
     """
     await send(
@@ -177,9 +185,12 @@ async def pump(
 
     async def relay(payloads: list[bytes]) -> None:
         for payload in payloads:
+            was_done = assembly.done
             chunk = assembly.add(payload)
             if chunk is not None and not agent_wants_usage and is_usage_chunk(chunk):
                 continue
+            if assembly.done and not was_done and before_done is not None:
+                before_done()
             await send({"type": "http.response.body", "body": sse_event(payload), "more_body": True})
 
     outcome = StreamOutcome.COMPLETED
