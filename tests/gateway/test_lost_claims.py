@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
+from fastapi import Request
 
+from asyncrl.gateway.routes.common import unless_disconnected
 from asyncrl.gateway.store import RolloutStore
 from asyncrl.gateway_api.client import GatewayClient
 from asyncrl.gateway_api.models import RolloutCreate
@@ -122,6 +125,61 @@ def test_a_claim_still_waiting_under_a_key_that_was_answered_meanwhile_takes_not
     forgotten_got, offered = asyncio.run(scenario())
     assert forgotten_got == ["r1"]  # what its key held; it took nothing more
     assert offered == ["r2"]  # r2 is not leased to nobody
+
+
+class _LeavingClient:
+    """An ASGI request whose client leaves the moment `leave()` is called (what `receive()` then answers)."""
+
+    def __init__(self) -> None:
+        self.left = asyncio.Event()
+
+    async def receive(self) -> dict[str, str]:
+        await self.left.wait()
+        return {"type": "http.disconnect"}
+
+
+@pytest.mark.parametrize("claim_key", [None, "claim-k"])
+def test_a_claim_woken_in_the_same_turn_as_its_claimers_disconnect_gives_its_lease_back(
+    claim_key: str | None,
+) -> None:
+    """The wake-up that ends a long-poll (a new rollout) and the closed connection of a claimer that gave up
+    can be read in the same loop turn: the claim then ended as the disconnect was seen, and the rollout was
+    leased to a claimer that would never read it (600 s). Seen in CI: `test_a_claimer_that_disconnects_during_
+    the_long_poll_leases_nothing` got nothing for 30 s. The store and the route's race in-process."""
+
+    async def scenario() -> tuple[object, list[str]]:
+        store = RolloutStore()
+        client = _LeavingClient()
+        waiting = asyncio.create_task(
+            unless_disconnected(
+                cast(Request, client),
+                store.claim(limit=1, wait_seconds=30, lease_seconds=600, claim_key=claim_key),
+                undo=store.release,
+            )
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)  # the claim waits on the queue and the request on its disconnect
+        client.left.set()  # the claimer is gone, and in the same turn a rollout arrives
+        store.create([RolloutCreate(rollout_id="r1", group_id="g", step=0)])
+        answered = await asyncio.wait_for(waiting, timeout=10)
+        offered = await store.claim(limit=10, wait_seconds=0, lease_seconds=600, claim_key="claim-next")
+        return answered, [r.rollout_id for r in offered]
+
+    answered, offered = asyncio.run(scenario())
+    assert answered is None  # nothing is answered to a claimer that is gone
+    assert offered == ["r1"]  # and r1 is not leased to it
+
+
+def test_releasing_a_claim_offers_its_unlaunched_rollouts_at_once_and_leaves_launched_ones() -> None:
+    async def scenario() -> list[str]:
+        store = RolloutStore()
+        store.create([RolloutCreate(rollout_id=r, group_id="g", step=0) for r in ("r1", "r2")])
+        claimed = await store.claim(limit=10, wait_seconds=0, lease_seconds=600)
+        store.launch("r1", launch_id="l1")
+        assert store.release(claimed) == 1
+        return [r.rollout_id for r in await store.claim(limit=10, wait_seconds=0, lease_seconds=600)]
+
+    assert asyncio.run(scenario()) == ["r2"]
 
 
 @pytest.mark.slow

@@ -397,6 +397,19 @@ class RolloutStore:
                 return claimed
             await self._queued_signal.wait(remaining)
 
+    def release(self, claimed: Iterable[Rollout]) -> int:
+        """Give back the leases of a claim whose answer will never be read (its claimer is gone): rollouts
+        still queued and unlaunched are offered again at once instead of when the lease ends."""
+        released = 0
+        for rollout in claimed:
+            if rollout.state == RolloutState.QUEUED and rollout.launched_at is None and rollout.claimed_until:
+                rollout.claimed_until = 0.0
+                rollout.claim_key = None
+                released += 1
+        if released:
+            self._queued_signal.fire()
+        return released
+
     def _held_by(self, claim_key: str) -> list[Rollout]:
         """The rollouts the claim `claim_key` took that it may still launch."""
         return [

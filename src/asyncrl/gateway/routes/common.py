@@ -9,7 +9,7 @@ dependencies; `access_check`, which every route runs, reads the same table as a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,20 +27,46 @@ from asyncrl.gateway.store import Rollout, RolloutNotFound, RolloutStore
 T = TypeVar("T")
 
 
-async def unless_disconnected(http_request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+async def unless_disconnected(
+    http_request: Request, work: Coroutine[Any, Any, T], *, undo: Callable[[T], None] | None = None
+) -> T | None:
     """`await work`, or cancel it and return None when the client disconnects first (a long-poll whose caller
     gave up must not hand it anything). The next ASGI message of a request whose body was read is its
-    disconnect, so the work is raced against it."""
+    disconnect, so the work is raced against it.
+
+    Work and disconnect can end in the same loop turn (the wake-up that ends a long-poll may be read in the
+    same turn as the closed connection): the disconnect then wins too, and `undo` gets the work's result (a
+    claim gives its leases back), so a caller that is gone never holds anything."""
     task = asyncio.ensure_future(work)
     disconnect = asyncio.ensure_future(http_request.receive())
     try:
         await asyncio.wait({task, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done() and not disconnect.done():
+            await asyncio.sleep(0)  # a disconnect already delivered to this turn's callbacks lands now
     finally:
-        disconnect.cancel()
+        if not disconnect.done():
+            disconnect.cancel()
+    gone = (
+        disconnect.done()
+        and not disconnect.cancelled()
+        and disconnect.exception() is None
+        and _is_disconnect(disconnect.result())
+    )
     if not task.done():
+        gone = True
         task.cancel()
-        return None
-    return task.result()
+        # A work woken in the turn of its cancel may still end with its result (asyncio.wait_for keeps a
+        # result that lands with the cancel): wait for it, so that `undo` sees what it took.
+        await asyncio.wait({task})
+    if not gone:
+        return task.result()
+    if undo is not None and not task.cancelled() and task.exception() is None:
+        undo(task.result())
+    return None
+
+
+def _is_disconnect(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("type") == "http.disconnect"
 
 
 class ApiError(Exception):

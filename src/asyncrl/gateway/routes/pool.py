@@ -68,6 +68,7 @@ def pool_router(parts: GatewayParts) -> APIRouter:
         claimed = await unless_disconnected(
             http_request,
             store.claim(limit=1, wait_seconds=request.wait_seconds, lease_seconds=CLAIM_LEASE_SECONDS),
+            undo=store.release,
         )
         if claimed is None:
             return PoolAssignment(interrupted=interrupted)

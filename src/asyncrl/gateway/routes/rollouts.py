@@ -75,6 +75,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
                 takeover=request.takeover,
                 claim_key=request.claim_key,
             ),
+            undo=store.release,
         )
         if claimed is None:
             return {"rollouts": []}
