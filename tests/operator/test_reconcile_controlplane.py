@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.testing.podrunner import PodRunner
-from asyncrl.testing.waiting import wait_for
+from asyncrl.testing.waiting import WaitTimeout, wait_for
 from asyncrl.workloads import names
 from tests.operator.conftest import OperatorStarter
 from tests.support.kube import (
@@ -23,7 +24,9 @@ from tests.support.kube import (
     agent_jobs,
     apply_ok,
     events,
+    explain_run,
     kubectl_run,
+    pod_logs,
     run_manifest,
     run_object,
     run_status,
@@ -91,6 +94,7 @@ def test_the_trainer_job_service_secret_and_config_map_deleted_mid_run_are_recre
     namespace: str,
     kubectl: list[str],
     start_operator: OperatorStarter,
+    tmp_path: Path,
 ) -> None:
     start_operator()
     # TTL 0: the agent Jobs of the first trainer pod go at once, so the restarted trainer's rollouts (the same
@@ -123,9 +127,13 @@ def test_the_trainer_job_service_secret_and_config_map_deleted_mid_run_are_recre
     for word in ("Secret", "ConfigMap", "Service", "Trainer"):
         assert word in notes, notes
     # The recreated trainer pod starts (its ConfigMap and Secret are there) and the run trains to the end.
-    status = wait_for_phase(
-        api_client, namespace, "heal", "Succeeded", "Failed", timeout=300, what="the run to end"
-    )
+    try:
+        status = wait_for_phase(
+            api_client, namespace, "heal", "Succeeded", "Failed", timeout=300, what="the run to end"
+        )
+    except WaitTimeout as timeout:
+        logs = [*sorted(tmp_path.glob("operator-*.log")), *pod_logs(pod_runner.work_dir, namespace)]
+        pytest.fail(f"{timeout}\n{explain_run(api_client, kubectl, namespace, 'heal', logs=logs)}")
     assert status["phase"] == "Succeeded", status
 
 

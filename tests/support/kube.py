@@ -376,6 +376,33 @@ def wait_for_phase(
     return wait_for(in_phase, timeout=timeout, what=what, interval=interval)
 
 
+def explain_run(
+    api_client: Any,
+    kubectl: list[str],
+    namespace: str,
+    run: str,
+    *,
+    logs: Sequence[Path] = (),
+    lines: int = 30,
+) -> str:
+    """What a test that waited on `run` in vain prints: its status, the namespace's events, its Jobs and pods,
+    and the tails of `logs` (the operator's, and every container log under a pod runner's pod folders)."""
+    parts = [f"status: {json.dumps(run_status(api_client, namespace, run), indent=1, default=str)}"]
+    listing = kubectl_run(kubectl, "get", "jobs,pods", "-n", namespace, "-o", "wide")
+    parts.append(f"jobs and pods:\n{listing.stdout}{listing.stderr}")
+    for event in events(kubectl, namespace)[-40:]:
+        parts.append(f"event {event.get('type')} {event.get('reason')}: {event.get('note')}")
+    for path in logs:
+        text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else ["(no file)"]
+        parts.append(f"--- {path} (last {lines} lines)\n" + "\n".join(text))
+    return "\n".join(parts)
+
+
+def pod_logs(pods_dir: Path, namespace: str) -> list[Path]:
+    """Every container log the pod runner wrote for `namespace` (`PodRunner.pod_dir` layout)."""
+    return sorted(pods_dir.glob(f"pods/{namespace}_*/*.log"))
+
+
 def wait_for_trainer_job(api_client: Any, namespace: str, run: str, *, timeout: float, what: str) -> Any:
     """The run's trainer Job once it exists."""
     return wait_for(lambda: trainer_job(api_client, namespace, run), timeout=timeout, what=what)

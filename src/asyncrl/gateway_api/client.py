@@ -315,8 +315,12 @@ class GatewayClient:
         *,
         message: str | None = None,
         attempt_id: str | None = None,
+        instance_id: str | None = None,
     ) -> RolloutView:
-        body = Transition(state=state, message=message, attempt_id=attempt_id).model_dump(mode="json")
+        """Move a rollout to `state`; with `instance_id`, only on that gateway instance (else 409)."""
+        body = Transition(
+            state=state, message=message, attempt_id=attempt_id, instance_id=instance_id
+        ).model_dump(mode="json", exclude_none=True)
         response = await self._request("POST", f"/api/rollouts/{rollout_id}/transition", json=body)
         return RolloutView.model_validate(response.json())
 

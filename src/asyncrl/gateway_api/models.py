@@ -56,6 +56,12 @@ class Transition(BaseModel):
     state: RolloutState
     message: str | None = Field(default=None, max_length=4096)
     attempt_id: str | None = Field(default=None, pattern=ID_PATTERN)
+    instance_id: str | None = Field(
+        default=None,
+        pattern=ID_PATTERN,
+        description="The gateway instance the rollout was launched through; another instance answers 409 "
+        "(it restarted: this is a new rollout of the same id, not the one the outcome is about).",
+    )
 
 
 class ClaimRequest(BaseModel):

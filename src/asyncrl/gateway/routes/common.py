@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 async def unless_disconnected(
-    http_request: Request, work: Coroutine[Any, Any, T], *, undo: Callable[[T], None] | None = None
+    http_request: Request, work: Coroutine[Any, Any, T], *, undo: Callable[[T], object] | None = None
 ) -> T | None:
     """`await work`, or cancel it and return None when the client disconnects first (a long-poll whose caller
     gave up must not hand it anything). The next ASGI message of a request whose body was read is its

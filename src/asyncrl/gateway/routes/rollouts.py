@@ -92,6 +92,13 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
     @router.post("/api/rollouts/{rollout_id}/transition")
     async def transition(rollout_id: str, request: Transition) -> RolloutView:
         parts.rollout(rollout_id)
+        if request.instance_id is not None and request.instance_id != store.instance_id:
+            raise ApiError(
+                409,
+                f"rollout {rollout_id!r} was launched through gateway instance {request.instance_id}; this "
+                f"is instance {store.instance_id} (the gateway restarted): the outcome is not applied",
+                instance_id=store.instance_id,
+            )
         try:
             rollout = store.transition(
                 rollout_id, request.state, message=request.message, attempt_id=request.attempt_id

@@ -49,7 +49,7 @@ from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types import AgentsMode
 from asyncrl.gateway_api.client import GatewayClient, GatewayError, new_claim_key
 from asyncrl.gateway_api.models import RolloutView
-from asyncrl.operator.dispatcher.job_state import rollout_state_of_job
+from asyncrl.operator.dispatcher.job_state import ReportBook, rollout_state_of_job
 from asyncrl.operator.dispatcher.pool_keeper import PoolInputs, keep_agent_pool
 from asyncrl.operator.dispatcher.ratelimit import SlidingWindowLimiter
 from asyncrl.operator.kube import JSON, Kube
@@ -93,13 +93,13 @@ VANISHED_WITHOUT_REWARD = (
 
 @dataclass
 class _ObservedAgentJobs:
-    """What the dispatcher observed of its agent Jobs: the active ones, and the rollout state last reported to
-    the gateway for each (rebuilt from the watch's listing after a restart).
+    """What the dispatcher observed of its agent Jobs: the active ones (by name), and the rollout state last
+    reported to the gateway for each (by uid; rebuilt from the watch's listing after a restart).
 
     Counts that must survive restarts and TTL deletion are not kept here (see `job_counters.py`)."""
 
     active: set[str] = field(default_factory=set)
-    reported: dict[str, RolloutState] = field(default_factory=dict)
+    reported: ReportBook = field(default_factory=ReportBook)
 
 
 class RunController:
@@ -523,26 +523,28 @@ class RunController:
         instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
         if instance is not None and instance != self.link.instance:
             return  # launched through a gateway that restarted since: its rollout is gone with it
-        if self.jobs.reported.get(name) == state:
-            if event_type == "DELETED":
-                self.jobs.reported.pop(name, None)
-            return
-        if state is RolloutState.SUCCEEDED and self.jobs.reported.get(name) is not RolloutState.RUNNING:
-            # Fast agents finish before their pod was seen ready; running comes first in the state machine.
-            await self._transition(rollout_id, RolloutState.RUNNING, None)
-        await self._transition(rollout_id, state, message)
-        self.jobs.reported[name] = state
+        uid = job["metadata"].get("uid") or name
+        for step in self.jobs.reported.to_report(uid, state):
+            # Bound to the Job's gateway instance: a report still retrying while the gateway restarts must not
+            # land on the new gateway's rollout of the same id (the gateway refuses it, 409).
+            await self._transition(rollout_id, step, message if step is state else None, instance_id=instance)
+        self.jobs.reported.record(uid, state)
         if event_type == "DELETED":
-            self.jobs.reported.pop(name, None)
+            self.jobs.reported.forget(uid)
 
-    async def _transition(self, rollout_id: str, state: RolloutState, message: str | None) -> None:
+    async def _transition(
+        self, rollout_id: str, state: RolloutState, message: str | None, *, instance_id: str | None = None
+    ) -> None:
         try:
             await self.link.call(
-                lambda: self.gateway.transition(rollout_id, state, message=message, attempt_id=ATTEMPT_ID)
+                lambda: self.gateway.transition(
+                    rollout_id, state, message=message, attempt_id=ATTEMPT_ID, instance_id=instance_id
+                )
             )
         except GatewayError as error:
             # 404: consumed and deleted by the trainer (or gone with a restarted gateway); 409: already
-            # terminal (e.g. cancelled). Any other rejection is logged: an outcome is never worth a crash.
+            # terminal (e.g. cancelled), or meant for a gateway instance that restarted since. Any other
+            # rejection is logged: an outcome is never worth a crash.
             if error.status not in (404, 409):
                 logger.warning(
                     "run %s rollout %s: the gateway refused %s: %s",

@@ -1,0 +1,118 @@
+"""The dispatcher's reports of agent Job outcomes, against a real gateway process.
+
+No control plane here: the Job watch's events are handed to the dispatcher as the watch delivers them (the
+control-plane tests cover the watch itself, e.g. `test_reconcile_controlplane.py`, whose recreated trainer
+once waited 300 s for a rollout this file's first test names).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import httpx
+
+from asyncrl.agent_templates.renderer import TemplateRenderer
+from asyncrl.api import load_run
+from asyncrl.operator.dispatcher.controller import ANNOTATION_GATEWAY_INSTANCE, RunController
+from asyncrl.operator.dispatcher.job_state import ReportBook
+from asyncrl.operator.kube import Kube
+from asyncrl.operator.metrics import OperatorMetrics
+from asyncrl.operator.reconciliation.run_context import RunContext
+from asyncrl.rollouts import RolloutState
+from asyncrl.workloads import names
+from tests.gateway.conftest import RunningGateway, create_rollouts, gateway, upstream_url
+from tests.support.kube import run_manifest
+
+__all__ = ["gateway", "upstream_url"]  # the real gateway process and its upstream, as fixtures
+
+RUNNING = {"active": 1, "ready": 1}
+COMPLETE = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+ROLLOUT = "s2-g0-r0"
+
+
+def _controller(running: RunningGateway) -> RunController:
+    manifest = run_manifest("reports")
+    manifest["metadata"]["namespace"] = "default"
+    spec = load_run(manifest).spec
+    context = RunContext(
+        run={**manifest, "status": {}},
+        spec=spec,
+        gateway_url=running.url,
+        agent_gateway_url=running.url,
+        gateway_key=running.key,
+        template_source="",
+    )
+    # Reports use the gateway link and nothing of the API server: no Kube, no renderer.
+    return RunController(
+        context, kube=cast(Kube, None), metrics=OperatorMetrics(), renderer=cast(TemplateRenderer, None)
+    )
+
+
+def _job(uid: str, rollout_id: str, instance: str, status: dict[str, Any]) -> dict[str, Any]:
+    annotations = {names.ANNOTATION_ROLLOUT_ID: rollout_id, ANNOTATION_GATEWAY_INSTANCE: instance}
+    name = names.agent_job_name("reports", rollout_id)  # one name per rollout id, whichever launch
+    return {"metadata": {"name": name, "uid": uid, "annotations": annotations}, "status": status}
+
+
+def _state(admin: httpx.Client, rollout_id: str) -> str:
+    return str(admin.get(f"/api/rollouts/{rollout_id}").json()["state"])
+
+
+def test_a_new_job_under_the_name_of_an_old_one_reports_running_before_its_success(
+    gateway: RunningGateway,
+) -> None:
+    """A restarted trainer creates the same rollout ids again; their Jobs get the old Jobs' names. The old
+    Job's `running` was remembered by name, so the new Job's success went alone and the gateway refused it
+    (a queued rollout cannot succeed): the rollout stayed queued and the trainer waited for good."""
+    with gateway.management() as admin:
+        create_rollouts(admin, ROLLOUT)
+
+        async def scenario() -> None:
+            controller = _controller(gateway)
+            try:
+                instance = (await controller.link.read_stats()).instance_id
+                await controller._report_agent_job("MODIFIED", _job("uid-old", "s2-g0-r0", instance, RUNNING))
+                # The old launch ends with its trainer; the new trainer's rollout of the same id is queued.
+                assert (
+                    admin.post("/api/rollouts/delete", json={"rollout_ids": ["s2-g0-r0"]}).status_code == 200
+                )
+                create_rollouts(admin, "s2-g0-r0")
+                await controller._report_agent_job(
+                    "MODIFIED", _job("uid-new", "s2-g0-r0", instance, COMPLETE)
+                )
+            finally:
+                await controller.gateway.close()
+
+        asyncio.run(scenario())
+        assert _state(admin, ROLLOUT) == "succeeded"
+
+
+def test_an_outcome_meant_for_a_gateway_instance_that_restarted_is_refused(gateway: RunningGateway) -> None:
+    """A report still retrying while the gateway restarts reaches the new gateway, whose rollout of the same
+    id is another rollout: bound to the old instance, it is refused and changes nothing."""
+    with gateway.management() as admin:
+        create_rollouts(admin, "r1")
+        instance = admin.get("/api/stats").json()["instance_id"]
+        stale = admin.post(
+            "/api/rollouts/r1/transition", json={"state": "failed", "instance_id": "0123456789abcdef"}
+        )
+        assert stale.status_code == 409
+        assert "the gateway restarted" in stale.json()["error"]
+        assert _state(admin, "r1") == "queued"
+        current = admin.post(
+            "/api/rollouts/r1/transition", json={"state": "running", "instance_id": instance}
+        )
+        assert current.status_code == 200
+        assert _state(admin, "r1") == "running"
+
+
+def test_the_report_book_sends_each_state_once_per_job_and_running_before_an_unseen_success() -> None:
+    book = ReportBook()
+    assert book.to_report("a", RolloutState.SUCCEEDED) == [RolloutState.RUNNING, RolloutState.SUCCEEDED]
+    book.record("a", RolloutState.RUNNING)
+    assert book.to_report("a", RolloutState.RUNNING) == []
+    assert book.to_report("a", RolloutState.SUCCEEDED) == [RolloutState.SUCCEEDED]
+    assert book.to_report("b", RolloutState.FAILED) == [RolloutState.FAILED]
+    book.forget("a")
+    assert book.to_report("a", RolloutState.SUCCEEDED) == [RolloutState.RUNNING, RolloutState.SUCCEEDED]
