@@ -2,9 +2,9 @@
 
 It is not the trainer: it exercises the operator's side of the contract. It serves the fake upstream on a
 free port and registers it with the gateway sidecar (as the trainer registers its model servers), creates
-the rollouts of each step in the gateway from the run's inline rows, waits for them on the completion feed
-(they end when the operator's agent Jobs do), posts a window summary per step, deletes the consumed
-rollouts, and exits 0 after `totalSteps` steps (2 when unset).
+the rollouts of each step in the gateway from the run's rows (inline, or a JSON array from `--data-file`),
+waits for them on the completion feed (they end when the operator's agent Jobs do), posts a window summary
+per step, deletes the consumed rollouts, and exits 0 after `totalSteps` steps (2 when unset).
 
 With `model.path: "stub-fail:<outcome>:<file>"` it instead appends a line to <file> (so a test counts its
 executions), leaves a TrainerReport of that outcome with the gateway, and exits with the trainer's code.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -36,10 +37,11 @@ async def main() -> int:
     parser.add_argument("--inference-port", type=int, default=0)
     parser.add_argument("--checkpoint-dir", default="")
     parser.add_argument("--metrics-port", type=int, default=0)  # the real trainer serves Prometheus there
+    parser.add_argument("--data-file", default="")  # spec.data.configMapRef, mounted: a JSON array of rows
     args = parser.parse_args()
     run = yaml.safe_load(Path(args.config).read_text())
     spec = run["spec"]
-    rows = spec["data"]["inline"]
+    rows = spec["data"].get("inline") or json.loads(Path(args.data_file).read_text())
     n = int(spec.get("rollout", {}).get("samplesPerPrompt", 4))
     steps = int(spec.get("totalSteps") or 2)
 

@@ -8,10 +8,12 @@ gateway sidecar. Stand-ins: the pod runner for a kubelet, `stub_trainer.py` for 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import pytest
 
+from asyncrl.operator.dispatcher.controller import REFUSALS_BEFORE_FAILING
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
 from tests.operator.conftest import OperatorStarter
@@ -127,6 +129,42 @@ def test_an_invalid_template_fails_the_run_at_the_start_and_launches_no_agent_jo
             api_client, namespace, name, timeout=120, what=f"run {name}'s trainer to stop"
         )
         assert agent_jobs(api_client, namespace, name) == [], name
+
+
+def test_a_run_whose_every_agent_job_the_api_server_refuses_fails_once_with_the_servers_reason(
+    api_client: Any,
+    pod_runner: PodRunner,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    """Rows from a ConfigMap: the start's dry run has no real row to try, so only the agent Jobs meet the API
+    server. Before, such a run failed every rollout of every step and went on (issue 24 item 7)."""
+    from kubernetes import client
+
+    start_operator()
+    rows = [{"question": "what is 2+2?"}, {"question": "and 3+3?"}]
+    body = {"metadata": {"name": "rows"}, "data": {"rows.json": json.dumps(rows)}}
+    client.CoreV1Api(api_client).create_namespaced_config_map(namespace, body)
+    template, _ = BROKEN["port"]  # a port out of range: only the API server refuses it
+    data = {"configMapRef": {"name": "rows", "key": "rows.json"}}
+    apply_ok(kubectl, namespace, run_manifest("refused", template=template, totalSteps=20, data=data))
+
+    status = wait_for_phase(
+        api_client, namespace, "refused", "Failed", "Succeeded", timeout=240, what="the run to end"
+    )
+    assert status["phase"] == "Failed", status
+    message = status["message"]
+    assert f"the API server refused each of the first {REFUSALS_BEFORE_FAILING} agent Jobs" in message
+    assert "containerPort: Invalid value: 99999" in message  # the server's own reason
+    refused = [
+        e
+        for e in events(kubectl, namespace, reason="AgentJobsRefused")
+        if e["regarding"]["name"] == "refused"
+    ]
+    assert [e["type"] for e in refused] == ["Warning"]  # said once
+    wait_for_trainer_stopped(api_client, namespace, "refused", timeout=120, what="the run's trainer to stop")
+    assert agent_jobs(api_client, namespace, "refused") == []
 
 
 def test_a_template_that_renders_slowly_for_some_rows_does_not_stall_a_healthy_run(

@@ -78,6 +78,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CREATE_JOB_DEADLINE_SECONDS = 120.0  # transient API errors longer than this fail the rollout
+# A run whose first this-many agent Jobs the API server all refused, none created, fails with the server's
+# reason: its template can give no Job the server takes (a check the start's dry run could not make, e.g.
+# with rows from a ConfigMap), and it would otherwise go on failing every rollout of every step.
+REFUSALS_BEFORE_FAILING = 8
 ANNOTATION_LAUNCH_ID = f"{names.GROUP}/launch-id"
 ANNOTATION_GATEWAY_INSTANCE = f"{names.GROUP}/gateway-instance"
 VANISHED_WITH_REWARD = (
@@ -125,6 +129,8 @@ class RunController:
         self._capacity = asyncio.Event()
         self._pool_changed = asyncio.Event()  # agents.mode Pool: the pool's size may have to change
         self._stopped_for_failure = False
+        self._jobs_created = 0  # by this process: an agent Job the API server took
+        self._jobs_refused = 0  # by this process: an agent Job the API server refused (a 4xx)
         self._takeover = True  # the next claim takes over leases of a claimer that is gone
         stored = Reconciler.stored_status(context.run).jobs
         self.link = GatewayLink(
@@ -339,6 +345,7 @@ class RunController:
             return
         if not await self._create_job(rollout, job):
             return
+        self._jobs_created += 1
         self.limiter.record(time.monotonic())
         self.jobs.active.add(job_name)
         self.metrics.jobs_created.inc()
@@ -428,9 +435,10 @@ class RunController:
             await self._launch_failed(rollout, f"could not create the agent Job {name}: {error}")
             return False
         except Exception as error:  # the API server (or the client, before sending) rejected the body
-            await self._template_failed(
-                rollout, f"the API server rejected the agent Job {name}: {one_line_reason(error)}"
-            )
+            reason = one_line_reason(error)
+            await self._template_failed(rollout, f"the API server rejected the agent Job {name}: {reason}")
+            self._jobs_refused += 1
+            await self._fail_if_every_job_is_refused(reason)
             return False
         if created:
             return True
@@ -450,6 +458,18 @@ class RunController:
             "not replaced (a rollout runs at most once)",
         )
         return False
+
+    async def _fail_if_every_job_is_refused(self, reason: str) -> None:
+        if self.fatal_error is not None or self._jobs_created or self._jobs_refused < REFUSALS_BEFORE_FAILING:
+            return
+        message = (
+            f"the API server refused each of the first {self._jobs_refused} agent Jobs and took none; "
+            f"fix spec.agents.template: {reason}"
+        )
+        logger.warning("run %s: %s", self.context.name, message)
+        await self.kube.post_event(self.context.run, reason="AgentJobsRefused", message=message, warning=True)
+        self.fatal_error = message
+        self.reconciler.changed()
 
     async def _launch_failed(self, rollout: RolloutView, reason: str) -> None:
         logger.warning("run %s rollout %s: %s", self.context.name, rollout.rollout_id, reason)
