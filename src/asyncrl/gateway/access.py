@@ -1,9 +1,9 @@
-"""Who may call which route: the one table that the door, the routes' own check and the proxy all read.
+"""Who may call which route: the one table that admission, the routes' own check and the proxy all read.
 
 Four callers exist: anyone (the kubelet, Prometheus), a rollout's agent (its own token), the agent pool's pods
 (the pool token) and the trainer and operator (the gateway key, which opens everything). `ROUTES` lists every
 route that asks less than the gateway key; a route not listed asks for the key. Before this table the rule
-was said four times (the door's path patterns, two FastAPI dependencies, and the pool routes' own token
+was said four times (admission's path patterns, two FastAPI dependencies, and the pool routes' own token
 checks), and the pool's copy let the pool token's body be read on a route that then refused it.
 
 Paths are matched by Starlette's own path compiler, so a template here means what it means to the router.

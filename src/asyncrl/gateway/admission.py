@@ -1,4 +1,4 @@
-"""Limits at the door: what every request passes before a handler, FastAPI or the proxy, sees it.
+"""Limits at admission: what every request passes before a handler, FastAPI or the proxy, sees it.
 
 Agents are the least trusted callers (an agent Job runs whatever the template says, with a token for its own
 rollout), so one agent must not be able to hurt a run. Three checks run in this order, each before the next
@@ -254,7 +254,7 @@ async def read_charged_body(
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that hands over the body read at the door, then the connection's own messages.
+    """A `receive` that hands over the body read at admission, then the connection's own messages.
 
     After the body, the next message of a request is its disconnect; the claim long-poll waits for it.
     """

@@ -102,7 +102,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _api_error(_request: Request, error: ApiError) -> JSONResponse:
         return JSONResponse(error.body, status_code=error.status)
 
-    @app.exception_handler(Refused)  # the access check's refusal, answered as the door answers it
+    @app.exception_handler(Refused)  # the access check's refusal, answered as admission answers it
     async def _refused(_request: Request, refused: Refused) -> JSONResponse:
         return JSONResponse(refused.body, status_code=refused.status, headers=refused.headers)
 

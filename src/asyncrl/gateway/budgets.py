@@ -12,7 +12,7 @@ Each agent token (one per rollout, so the budget is kept by rollout id) gets:
   pay for now is refused with 429; one it could never pay for (more than `burst_bytes`) with 413.
 
 The 429s carry Retry-After. The gateway key (trainer, operator) and the pool token have no budget.
-Pure logic on an injected clock; the door (`app.py`) and the proxy charge it.
+Pure logic on an injected clock; admission (`app.py`) and the proxy charge it.
 """
 
 from __future__ import annotations

@@ -318,7 +318,7 @@ def events_document(rollout: Rollout) -> bytes:
         encoded_view = view.model_dump_json().encode() if _strict_json(view.input) else None
     except Exception:  # a serializer's own depth limit
         encoded_view = None
-    if encoded_view is None:  # only the input (the trainer's, checked at the door) can be at fault
+    if encoded_view is None:  # only the input (the trainer's, checked at admission) can be at fault
         encoded_view = view.model_copy(update={"input": None}).model_dump_json().encode()
     calls = b",".join(_call_json(call) for call in rollout.calls)
     events = b",".join(_event_json(event) for event in rollout.events)

@@ -1,5 +1,5 @@
 """The gateway's configuration: one model; what the run decides is its `run` part (`run_settings.py`), the
-rest (limits at the door, connections, upstream timeouts) the gateway's own flags with their defaults here."""
+rest (admission limits, connections, upstream timeouts) the gateway's own flags with their defaults here."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ deadline:
 - headers: from the connection's opening (or a request's first byte) until its headers are complete, at
   most `header_timeout_seconds` and `max_header_bytes`;
 - request: from the headers until the response is complete: no deadline here (a held call may wait many
-  minutes); the body has its own timeout at the door (`admission.read_body`, 408);
+  minutes); the body has its own timeout at admission (`admission.read_body`, 408);
 - idle: between a response and the next request's first byte, `idle_timeout_seconds` (75 s, longer than any
   client's pool keeps a connection: see `tests/gateway/test_keep_alive.py`) for a connection that has shown
   a credential, `unproven_idle_timeout_seconds` for one that has not.
@@ -20,12 +20,12 @@ The cap: at most `max_connections` are open. A new connection beyond it makes ro
 that is not in a request and has not shown the gateway key: the one with the least proven caller first,
 then the one idle longest. Connections of the gateway key (the trainer, the operator) are never closed for
 room, and neither is any connection in the middle of a request, so an unauthenticated client can hold no
-slot the trainer needs: it cannot be in a request (the door answers it before its body), and waiting for
+slot the trainer needs: it cannot be in a request (admission answers it before its body), and waiting for
 headers or idling is what gets closed first. Only when every open connection is in a request or holds the
 key is the new connection itself closed. The cap is kept below the process's file-descriptor limit (half of
 it: each proxied call also holds an upstream connection), so the accept loop never meets EMFILE.
 
-The caller is learned per request (`access.Caller`); the door records it on the connection through the scope.
+The caller is learned per request (`access.Caller`); admission records it on the connection through the scope.
 Implemented as a subclass of uvicorn's httptools protocol (the server's `http` setting), the one uvicorn
 uses when httptools is installed, as `uvicorn[standard]` guarantees.
 """
@@ -99,7 +99,7 @@ def connection_cap(requested: int, file_descriptor_limit: int) -> int:
 
 
 def record_caller(scope: MutableMapping[str, Any], caller: Caller) -> None:
-    """Tell the request's connection who its caller proved to be (the door calls this after `authorize`)."""
+    """Tell the request's connection who its caller proved to be (admission calls this after `authorize`)."""
     connection = scope.get(CONNECTION_SCOPE_KEY)
     if connection is not None:
         connection.proved(caller)

@@ -55,7 +55,7 @@ class GatewayMetrics:
         )
         self.rejections = Counter(
             "asyncrl_gateway_rejections",
-            "Requests refused at the door or for breaking a rule of the store, by reason.",
+            "Requests refused at admission or for breaking a rule of the store, by reason.",
             ["reason"],
             registry=self.registry,
         )

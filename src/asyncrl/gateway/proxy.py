@@ -60,7 +60,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 ROUTE = "proxy"
-_ENCODER = msgspec.json.Encoder()  # the forwarded body: one C encode, as the door parsed it with one C decode
+_ENCODER = msgspec.json.Encoder()  # the forwarded body: one C encode, as admission parsed it (one C decode)
 
 
 class Upstreams:
@@ -216,7 +216,7 @@ class ProxyHandler:
         mode: str,
         endpoint: str,
     ) -> int:
-        """A model call past the door's checks: sampling rules, then forwarded (held while paused)."""
+        """A model call past admission's checks: sampling rules, then forwarded (held while paused)."""
         if not isinstance(body, dict):
             raise Refused(400, "request body must be a JSON object")
         streamed = _streamed(body)

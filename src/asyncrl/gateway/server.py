@@ -130,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"per model call (default {_UPSTREAM_TIMEOUT:g})",
     )
     limits = parser.add_argument_group(
-        "limits at the door (what one agent can send; see docs/security.md)",
+        "limits at admission (what one agent can send; see docs/security.md)",
         "Every request is authenticated before any body byte is read; then these apply.",
     )
     limits.add_argument(

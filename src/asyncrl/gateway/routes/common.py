@@ -1,7 +1,7 @@
 """What every router shares: the gateway's parts, the one error shape, and the access check.
 
 Off the hot path, so clarity wins here: typed request models and one error shape (`{"error": ..., ...}`).
-Which caller may call which route is `access.py`'s table. Requests reach these routes only through the door
+Which caller may call which route is `access.py`'s table. Requests reach these routes only through admission
 (`admission.py`: token before body, byte and JSON limits), because FastAPI reads a body before it runs
 dependencies; `access_check`, which every route runs, reads the same table as a second line.
 """

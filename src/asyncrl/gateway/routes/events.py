@@ -70,7 +70,7 @@ def events_router(parts: GatewayParts) -> APIRouter:
         openapi_extra={"requestBody": {"content": {"application/json": {"schema": _EVENT_SCHEMA}}}},
     )
     async def post_event(request: Request, rollout_id: str, attempt_id: str) -> dict[str, Any]:
-        # The door parsed the body once (msgspec) and left it in the scope: it is validated here, not parsed
+        # Admission parsed the body once (msgspec) and left it in the scope: it is validated here, not parsed
         # again by FastAPI (a 5.7 MB body was parsed three times and sized by json.dumps before its 413).
         try:
             event = AgentEvent.model_validate(request.scope.get(PARSED_BODY_SCOPE_KEY))
@@ -80,7 +80,7 @@ def events_router(parts: GatewayParts) -> APIRouter:
             ]
             raise RequestValidationError(problems) from None
         parts.rollout(rollout_id)
-        size = len(_ENCODER.encode(event.data))  # its JSON size; the body passed the door's limits
+        size = len(_ENCODER.encode(event.data))  # its JSON size; the body passed admission's limits
         try:
             store.record_event(rollout_id, attempt_id, event.event_type, event.data, size=size)
         except RolloutFinished as error:

@@ -1,5 +1,6 @@
 """The run's state machine: its next status from what the operator observed (pure, so the rules are tested
-directly). The one place the phases, their messages and the conditions are decided (docs/status.md).
+directly). The one place the phases, their messages and the conditions are decided (summarised in
+docs/troubleshooting.md).
 
 Phase rules, first match wins:
 - a fatal error (the trainer reported a configuration error or a run that cannot progress, the template or
