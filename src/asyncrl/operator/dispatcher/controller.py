@@ -313,7 +313,12 @@ class RunController:
             delay = self.limiter.delay(time.monotonic())
             if delay > 0:
                 self.metrics.rate_limit_waits.labels("max_jobs_per_minute").inc()
-                await asyncio.sleep(delay)
+                # Woken early by a spec edit (a raised rate applies at once, not after the old rate's wait)
+                # or a finished Job; every condition is then asked again.
+                self._capacity.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._capacity.wait()
                 continue
             return
 
