@@ -1,19 +1,24 @@
-"""The dispatcher's reports of agent Job outcomes, against a real gateway process.
+"""The dispatcher's reports of agent Job outcomes and its judgement of launches without a Job, against a real
+gateway process.
 
-No control plane here: the Job watch's events are handed to the dispatcher as the watch delivers them (the
-control-plane tests cover the watch itself, e.g. `test_reconcile_controlplane.py`, whose recreated trainer
-once waited 300 s for a rollout this file's first test names).
+No control plane here: the Job watch's events are handed to the dispatcher as the watch delivers them, and
+the agent Jobs the API server would list are given by a stand-in (the control-plane tests cover both for
+real, e.g. `test_reconcile_controlplane.py`, whose recreated trainer once waited 300 s for a rollout the
+first test here names, and `test_two_operators_controlplane.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, cast
 
 import httpx
+import pytest
 
 from asyncrl.agent_templates.renderer import TemplateRenderer
 from asyncrl.api import load_run
+from asyncrl.operator.dispatcher import controller as dispatcher
 from asyncrl.operator.dispatcher.controller import ANNOTATION_GATEWAY_INSTANCE, RunController
 from asyncrl.operator.dispatcher.job_state import ReportBook
 from asyncrl.operator.kube import Kube
@@ -31,7 +36,17 @@ COMPLETE = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"
 ROLLOUT = "s2-g0-r0"
 
 
-def _controller(running: RunningGateway) -> RunController:
+class _ListedJobs:
+    """What the API server lists of the run's agent Jobs, one answer per listing (the last one repeats)."""
+
+    def __init__(self, *answers: list[dict[str, Any]]) -> None:
+        self.answers = list(answers)
+
+    async def list_agent_jobs(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def _controller(running: RunningGateway, kube: object = None) -> RunController:
     manifest = run_manifest("reports")
     manifest["metadata"]["namespace"] = "default"
     spec = load_run(manifest).spec
@@ -45,7 +60,7 @@ def _controller(running: RunningGateway) -> RunController:
     )
     # Reports use the gateway link and nothing of the API server: no Kube, no renderer.
     return RunController(
-        context, kube=cast(Kube, None), metrics=OperatorMetrics(), renderer=cast(TemplateRenderer, None)
+        context, kube=cast(Kube, kube), metrics=OperatorMetrics(), renderer=cast(TemplateRenderer, None)
     )
 
 
@@ -116,3 +131,53 @@ def test_the_report_book_sends_each_state_once_per_job_and_running_before_an_uns
     assert book.to_report("b", RolloutState.FAILED) == [RolloutState.FAILED]
     book.forget("a")
     assert book.to_report("a", RolloutState.SUCCEEDED) == [RolloutState.RUNNING, RolloutState.SUCCEEDED]
+
+
+def _launched_without_job(admin: httpx.Client, rollout_id: str) -> float:
+    create_rollouts(admin, rollout_id)
+    answer = admin.post(f"/api/rollouts/{rollout_id}/launch", json={"launch_id": "another-operator"})
+    assert answer.status_code == 200, answer.text
+    return float(admin.get(f"/api/rollouts/{rollout_id}").json()["launched_at"])
+
+
+def test_a_launch_without_a_job_is_judged_only_once_its_launcher_could_no_longer_be_creating_it(
+    gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Judged at once, a launch another operator was between recording and creating its Job for was failed
+    (two operators at once, about 1 run in 15); now it is failed only when no Job came in that time."""
+    monkeypatch.setattr(dispatcher, "VANISHED_AFTER_SECONDS", 2.0)  # 130 s in the operator
+    with gateway.management() as admin:
+        launched_at = _launched_without_job(admin, ROLLOUT)
+
+        async def scenario() -> None:
+            controller = _controller(gateway, _ListedJobs([]))
+            try:
+                await asyncio.wait_for(controller._resolve_vanished_launches(), timeout=60)
+            finally:
+                await controller.gateway.close()
+
+        asyncio.run(scenario())
+        rollout = admin.get(f"/api/rollouts/{ROLLOUT}").json()
+    assert (rollout["state"], rollout["message"]) == ("failed", dispatcher.VANISHED_WITHOUT_REWARD)
+    assert rollout["finished_at"] >= launched_at + 2.0  # not at once
+    assert time.time() - launched_at < 60
+
+
+def test_a_launch_whose_job_appears_while_it_is_young_is_left_to_that_job(
+    gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatcher, "VANISHED_AFTER_SECONDS", 2.0)
+    with gateway.management() as admin:
+        _launched_without_job(admin, ROLLOUT)
+        job = _job("uid-other", ROLLOUT, "instance-of-the-other-operator", RUNNING)
+
+        async def scenario() -> None:
+            # The first listing is taken before the other operator's Job exists, the next one after.
+            controller = _controller(gateway, _ListedJobs([], [job]))
+            try:
+                await asyncio.wait_for(controller._resolve_vanished_launches(), timeout=60)
+            finally:
+                await controller.gateway.close()
+
+        asyncio.run(scenario())
+        assert _state(admin, ROLLOUT) == "queued"  # its Job reports its outcome; nothing was failed

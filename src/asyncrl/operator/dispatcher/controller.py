@@ -78,6 +78,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CREATE_JOB_DEADLINE_SECONDS = 120.0  # transient API errors longer than this fail the rollout
+# A launch without a Job is judged vanished only this long after it was recorded: until then its launcher
+# (this operator's claim loop, or another operator beside it) may still be creating the Job.
+VANISHED_AFTER_SECONDS = CREATE_JOB_DEADLINE_SECONDS + 10.0
 # A run whose first this-many agent Jobs the API server all refused, none created, fails with the server's
 # reason: its template can give no Job the server takes (a check the start's dry run could not make, e.g.
 # with rows from a ConfigMap), and it would otherwise go on failing every rollout of every step.
@@ -219,7 +222,25 @@ class RunController:
 
     async def _claim_loop(self) -> None:
         await self.link.read_stats()
-        await self._resolve_vanished_launches()
+        resolving = asyncio.create_task(
+            self._resolve_vanished_launches(), name=f"{self.context.name}:vanished"
+        )
+        resolving.add_done_callback(self._log_failed_resolution)
+        try:
+            await self._claim_forever()
+        finally:
+            resolving.cancel()
+
+    def _log_failed_resolution(self, task: asyncio.Task[None]) -> None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            logger.warning(
+                "run %s: launches whose Job is gone were not resolved: %s",
+                self.context.name,
+                one_line_reason(error),
+            )
+
+    async def _claim_forever(self) -> None:
         while True:
             if self.context.spec.suspend:
                 self._capacity.clear()
@@ -269,34 +290,60 @@ class RunController:
         )
 
     async def _resolve_vanished_launches(self) -> None:
-        """Launched unfinished rollouts whose Job is gone (it ended unwatched): end them, never rerun."""
-        rollouts, _ = await self.link.call(self.gateway.list_rollouts)
-        launched = [r for r in rollouts if r.launched_at is not None and not r.state.is_terminal]
-        if not launched:
-            return
-        jobs = await kube_call(
-            lambda: self.kube.list_agent_jobs(self.context.namespace, self.context.name),
-            what=f"run {self.context.name}: listing agent Jobs",
-        )
-        with_jobs = {
-            (job["metadata"].get("annotations") or {}).get(names.ANNOTATION_ROLLOUT_ID) for job in jobs
-        }
-        for rollout in launched:
-            if rollout.rollout_id in with_jobs:
-                continue  # the Job watch's listing reports it
-            if rollout.reward is not None:
-                logger.info(
-                    "run %s rollout %s: %s", self.context.name, rollout.rollout_id, VANISHED_WITH_REWARD
-                )
-                if rollout.state is RolloutState.QUEUED:
-                    await self._transition(rollout.rollout_id, RolloutState.RUNNING, None)
-                await self._transition(rollout.rollout_id, RolloutState.SUCCEEDED, VANISHED_WITH_REWARD)
-            else:
-                logger.warning(
-                    "run %s rollout %s: %s", self.context.name, rollout.rollout_id, VANISHED_WITHOUT_REWARD
-                )
-                await self._transition(rollout.rollout_id, RolloutState.FAILED, VANISHED_WITHOUT_REWARD)
-            self.metrics.errors.labels("vanished_launch").inc()
+        """Launched unfinished rollouts whose Job is gone (it ended unwatched): end them, never rerun.
+
+        A launch younger than `VANISHED_AFTER_SECONDS` is judged when it is that old, not at once: another
+        operator serving the run beside this one (two at once, or an upgrade's overlap) may have recorded the
+        launch and be creating its Job now; judged at once, its rollout was failed while its Job ran. Only
+        the launches seen at the start are judged: later ones are this process's own, or come with a Job."""
+        pending: set[str] | None = None  # None: the first look, at every launched rollout
+        while True:
+            rollouts, _ = await self.link.call(self.gateway.list_rollouts)
+            launched = [
+                r
+                for r in rollouts
+                if r.launched_at is not None
+                and not r.state.is_terminal
+                and (pending is None or r.rollout_id in pending)
+            ]
+            if not launched:
+                return
+            jobs = await kube_call(
+                lambda: self.kube.list_agent_jobs(self.context.namespace, self.context.name),
+                what=f"run {self.context.name}: listing agent Jobs",
+            )
+            with_jobs = {
+                (job["metadata"].get("annotations") or {}).get(names.ANNOTATION_ROLLOUT_ID) for job in jobs
+            }
+            now = time.time()
+            young: list[float] = []
+            pending = set()
+            for rollout in launched:
+                if rollout.rollout_id in with_jobs:
+                    continue  # the Job watch's listing reports it
+                launched_at = rollout.launched_at or now
+                if now - launched_at < VANISHED_AFTER_SECONDS:
+                    young.append(launched_at)
+                    pending.add(rollout.rollout_id)
+                else:
+                    await self._resolve_vanished(rollout)
+            if not young:
+                return
+            await asyncio.sleep(min(young) + VANISHED_AFTER_SECONDS - now + 1.0)
+
+    async def _resolve_vanished(self, rollout: RolloutView) -> None:
+        """End a launched rollout whose Job is gone: succeeded with its agent's reward, or failed."""
+        if rollout.reward is not None:
+            logger.info("run %s rollout %s: %s", self.context.name, rollout.rollout_id, VANISHED_WITH_REWARD)
+            if rollout.state is RolloutState.QUEUED:
+                await self._transition(rollout.rollout_id, RolloutState.RUNNING, None)
+            await self._transition(rollout.rollout_id, RolloutState.SUCCEEDED, VANISHED_WITH_REWARD)
+        else:
+            logger.warning(
+                "run %s rollout %s: %s", self.context.name, rollout.rollout_id, VANISHED_WITHOUT_REWARD
+            )
+            await self._transition(rollout.rollout_id, RolloutState.FAILED, VANISHED_WITHOUT_REWARD)
+        self.metrics.errors.labels("vanished_launch").inc()
 
     async def _wait_for_capacity(self) -> None:
         while True:
