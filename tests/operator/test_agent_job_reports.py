@@ -181,3 +181,27 @@ def test_a_launch_whose_job_appears_while_it_is_young_is_left_to_that_job(
 
         asyncio.run(scenario())
         assert _state(admin, ROLLOUT) == "queued"  # its Job reports its outcome; nothing was failed
+
+
+def test_a_launch_whose_agent_reported_is_judged_at_once(
+    gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an operator restart, rollouts that finished while nobody watched (their Jobs removed, TTL 0) end
+    with their rewards at once: their agents ran, so their Jobs existed; no launcher can still be at work."""
+    monkeypatch.setattr(dispatcher, "VANISHED_AFTER_SECONDS", 3600.0)
+    with gateway.management() as admin, gateway.agent(ROLLOUT) as agent:
+        _launched_without_job(admin, ROLLOUT)
+        reward = {"event_type": "reward", "data": {"value": 0.75}}
+        assert agent.post(f"/api/rollouts/{ROLLOUT}/attempt/a1/events", json=reward).status_code == 201
+
+        async def scenario() -> None:
+            controller = _controller(gateway, _ListedJobs([]))
+            try:
+                await asyncio.wait_for(controller._resolve_vanished_launches(), timeout=60)
+            finally:
+                await controller.gateway.close()
+
+        asyncio.run(scenario())
+        rollout = admin.get(f"/api/rollouts/{ROLLOUT}").json()
+    assert (rollout["state"], rollout["reward"]) == ("succeeded", 0.75)
+    assert rollout["message"] == dispatcher.VANISHED_WITH_REWARD

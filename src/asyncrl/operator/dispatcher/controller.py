@@ -292,10 +292,12 @@ class RunController:
     async def _resolve_vanished_launches(self) -> None:
         """Launched unfinished rollouts whose Job is gone (it ended unwatched): end them, never rerun.
 
-        A launch younger than `VANISHED_AFTER_SECONDS` is judged when it is that old, not at once: another
-        operator serving the run beside this one (two at once, or an upgrade's overlap) may have recorded the
-        launch and be creating its Job now; judged at once, its rollout was failed while its Job ran. Only
-        the launches seen at the start are judged: later ones are this process's own, or come with a Job."""
+        A launch whose agent never started (no reward, no model call, not running) and younger than
+        `VANISHED_AFTER_SECONDS` is judged when it is that old, not at once: another operator serving the run
+        beside this one (two at once, or an upgrade's overlap) may have recorded the launch and be creating
+        its Job now; judged at once, its rollout was failed while its Job ran. One whose agent started had its
+        Job (the usual case after a restart: it finished while nobody watched) and is judged at once. Only the
+        launches seen at the start are judged: later ones are this process's own, or come with a Job."""
         pending: set[str] | None = None  # None: the first look, at every launched rollout
         while True:
             rollouts, _ = await self.link.call(self.gateway.list_rollouts)
@@ -322,7 +324,7 @@ class RunController:
                 if rollout.rollout_id in with_jobs:
                     continue  # the Job watch's listing reports it
                 launched_at = rollout.launched_at or now
-                if now - launched_at < VANISHED_AFTER_SECONDS:
+                if _agent_never_started(rollout) and now - launched_at < VANISHED_AFTER_SECONDS:
                     young.append(launched_at)
                     pending.add(rollout.rollout_id)
                 else:
@@ -713,3 +715,8 @@ class RunController:
             with contextlib.suppress(Exception):  # best effort: the run is already marked Failed
                 await self.kube.delete_job(self.context.namespace, job_name)
         logger.info("run %s failed: agent Jobs deleted, nothing more launched", self.context.name)
+
+
+def _agent_never_started(rollout: RolloutView) -> bool:
+    """No sign of its agent: no reward, no model call, never reported running (its Job may not exist yet)."""
+    return rollout.reward is None and not rollout.n_model_calls and rollout.state is RolloutState.QUEUED
