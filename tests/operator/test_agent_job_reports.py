@@ -140,6 +140,19 @@ def _launched_without_job(admin: httpx.Client, rollout_id: str) -> float:
     return float(admin.get(f"/api/rollouts/{rollout_id}").json()["launched_at"])
 
 
+def _resolve_vanished_launches(running: RunningGateway, listed: _ListedJobs) -> None:
+    """One dispatcher judges the run's launches without a Job, the API server listing `listed`."""
+
+    async def scenario() -> None:
+        controller = _controller(running, listed)
+        try:
+            await asyncio.wait_for(controller._resolve_vanished_launches(), timeout=60)
+        finally:
+            await controller.gateway.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_launch_without_a_job_is_judged_only_once_its_launcher_could_no_longer_be_creating_it(
     gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,15 +161,7 @@ def test_a_launch_without_a_job_is_judged_only_once_its_launcher_could_no_longer
     monkeypatch.setattr(dispatcher, "VANISHED_AFTER_SECONDS", 2.0)  # 130 s in the operator
     with gateway.management() as admin:
         launched_at = _launched_without_job(admin, ROLLOUT)
-
-        async def scenario() -> None:
-            controller = _controller(gateway, _ListedJobs([]))
-            try:
-                await asyncio.wait_for(controller._resolve_vanished_launches(), timeout=60)
-            finally:
-                await controller.gateway.close()
-
-        asyncio.run(scenario())
+        _resolve_vanished_launches(gateway, _ListedJobs([]))
         rollout = admin.get(f"/api/rollouts/{ROLLOUT}").json()
     assert (rollout["state"], rollout["message"]) == ("failed", dispatcher.VANISHED_WITHOUT_REWARD)
     assert rollout["finished_at"] >= launched_at + 2.0  # not at once
@@ -170,16 +175,8 @@ def test_a_launch_whose_job_appears_while_it_is_young_is_left_to_that_job(
     with gateway.management() as admin:
         _launched_without_job(admin, ROLLOUT)
         job = _job("uid-other", ROLLOUT, "instance-of-the-other-operator", RUNNING)
-
-        async def scenario() -> None:
-            # The first listing is taken before the other operator's Job exists, the next one after.
-            controller = _controller(gateway, _ListedJobs([], [job]))
-            try:
-                await asyncio.wait_for(controller._resolve_vanished_launches(), timeout=60)
-            finally:
-                await controller.gateway.close()
-
-        asyncio.run(scenario())
+        # The first listing is taken before the other operator's Job exists, the next one after.
+        _resolve_vanished_launches(gateway, _ListedJobs([], [job]))
         assert _state(admin, ROLLOUT) == "queued"  # its Job reports its outcome; nothing was failed
 
 
@@ -193,15 +190,7 @@ def test_a_launch_whose_agent_reported_is_judged_at_once(
         _launched_without_job(admin, ROLLOUT)
         reward = {"event_type": "reward", "data": {"value": 0.75}}
         assert agent.post(f"/api/rollouts/{ROLLOUT}/attempt/a1/events", json=reward).status_code == 201
-
-        async def scenario() -> None:
-            controller = _controller(gateway, _ListedJobs([]))
-            try:
-                await asyncio.wait_for(controller._resolve_vanished_launches(), timeout=60)
-            finally:
-                await controller.gateway.close()
-
-        asyncio.run(scenario())
+        _resolve_vanished_launches(gateway, _ListedJobs([]))
         rollout = admin.get(f"/api/rollouts/{ROLLOUT}").json()
     assert (rollout["state"], rollout["reward"]) == ("succeeded", 0.75)
     assert rollout["message"] == dispatcher.VANISHED_WITH_REWARD
