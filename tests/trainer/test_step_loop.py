@@ -357,15 +357,15 @@ class PauseAnswerLostGateway(FakeGateway):
         return result
 
 
-def test_a_step_whose_pause_answer_was_lost_resumes_the_gateway_before_it_collects_again(
-    tmp_path: Path,
-) -> None:
-    """Before, the retried step synced and collected with the gateway still paused by the lost pause (the
-    agents it waited for could not call the model) until its own pause and resume: 4 pauses without an update,
-    up to 8.6 s each, in the 30-minute soak. Now the gateway is resumed first, at the unchanged version."""
+def test_a_step_whose_pause_answer_was_lost_updates_within_that_pause(tmp_path: Path) -> None:
+    """The lost pause did pause the gateway, and the retried step's window is still ready: it updates within
+    that pause. Before, it resumed the gateway first and paused it again, so a pause ended with no update in
+    it (the CI soak of 6cb12d2 counted one)."""
     gateway = PauseAnswerLostGateway()
     harness = _harness(tmp_path, _settings(steps=2), gateway)
     gateway.on_groups_created = _agents(harness)
+    paused_during_update: list[bool] = []
+    harness.backend.during_update = lambda step: paused_during_update.append(gateway.instance.pause.paused)
 
     _run(harness)
 
@@ -378,9 +378,67 @@ def test_a_step_whose_pause_answer_was_lost_resumes_the_gateway_before_it_collec
     assert pauses_and_resumes[:4] == [
         ("resume", False, 0),  # the run starts serving
         ("pause", False, None),  # step 0's pause: taken, its answer lost
-        ("resume", True, 0),  # given back before the retry, at the version the servers still hold
-        ("pause", False, None),  # the retried step pauses an open gateway
+        ("pause", True, None),  # the retry pauses again (idempotent), without resuming in between
+        ("resume", True, 1),  # after step 0's update
     ]
+    assert [step for step, _ in harness.backend.updates] == [0, 1]
+    assert paused_during_update == [True, True]
+
+
+class PauseAnswerLostGroupLostGateway(PauseAnswerLostGateway):
+    """Its first pause is taken, its answer lost, and the complete groups are gone from the gateway: the
+    retried step redraws them and must wait for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped: list[str] = []
+
+    async def pause(self, **kwargs: Any) -> Any:
+        if not self.lost:
+            states = {group: self.rollout_states(group).values() for group in self.group_ids}
+            self.dropped = [group for group, ended in states.items() if all(s.is_terminal for s in ended)]
+            self.instance.store.delete(rid for group in self.dropped for rid in self.created_ids(group))
+        return await super().pause(**kwargs)
+
+
+def test_a_retried_step_that_must_collect_resumes_the_gateway_first(tmp_path: Path) -> None:
+    """A redrawn group's agents can call the model only through an open gateway: here they finish only when
+    they find it open. Kept paused, the retried step would wait for them until the guard's timeout."""
+    gateway = PauseAnswerLostGroupLostGateway()
+    harness = _harness(tmp_path, _settings(steps=2), gateway)
+    waiting: list[str] = []
+    finish_at_once = _agents(harness)
+
+    def agents(group_ids: Sequence[str]) -> None:
+        if not gateway.dropped:
+            finish_at_once(group_ids)
+        else:  # drawn after the loss: these agents need the model
+            waiting.extend(group_ids)
+
+    def agents_call_the_model() -> None:
+        if not gateway.instance.pause.paused:
+            while waiting:
+                gateway.finish_group(waiting.pop())
+
+    gateway.on_groups_created = agents
+    gateway.on_long_poll = agents_call_the_model
+
+    _run(harness)
+
+    assert gateway.dropped
+    assert gateway.lost == 1
+    pauses_and_resumes = [
+        (call.method, call.paused, call.model_version)
+        for call in gateway.calls
+        if call.method in ("pause", "resume")
+    ]
+    assert pauses_and_resumes[:4] == [
+        ("resume", False, 0),
+        ("pause", False, None),  # taken, its answer lost, a group lost with it
+        ("resume", True, 0),  # the retry must collect the redrawn group: the gateway opens first
+        ("pause", False, None),
+    ]
+    assert not set(gateway.dropped) & set(harness.trained_groups())
     assert [step for step, _ in harness.backend.updates] == [0, 1]
 
 

@@ -214,6 +214,7 @@ class StepLoop:
             )
             await self.connect()
             await self.gateway.resume(model_version=self.backend.model_version)
+            self._step_paused = False  # a restarted gateway was never paused by this step
             self._resync_needed = True
         if self._resync_needed:
             await self._resync(step)
@@ -418,8 +419,8 @@ class StepLoop:
                     "step %d: the gateway failed (%s); syncing with it and continuing", step, _failure(error)
                 )
                 self._resync_needed = True
-                if self._step_paused:
-                    await self._reopen_after_failure(step)
+                # A pause already sent is kept: if the window is still ready after the sync, the retried
+                # step updates within it; `_prepare_update` resumes the gateway only if it must collect.
         raise RuntimeError(
             f"step {step}: the gateway failed {MAX_GATEWAY_RECOVERIES_PER_STEP} times in one step; giving up"
         )
@@ -437,6 +438,8 @@ class StepLoop:
         while not window.ready_for_update():
             if self._data_exhausted() and not self._can_still_complete():
                 return None
+            if self._step_paused:  # a retried step whose failed try paused the gateway must collect
+                await self._reopen_after_failure(step)
             await self._consume_completions()
             if window.config.refills and not window.ready_for_update():
                 await self._draw(step)  # keep windowSize groups unfinished while collecting
@@ -509,11 +512,12 @@ class StepLoop:
     # -- pieces -------------------------------------------------------------------------------------------
 
     async def _reopen_after_failure(self, step: int) -> None:
-        """Resume the gateway that this step paused before it failed, before collecting again.
+        """Resume the gateway that a failed try of this step paused, before the retry collects again.
 
-        The retried step syncs and may wait for completions again; with the gateway still paused, the agents
-        it waits for could not call the model (every call held until the hold timeout). Before, the gateway
-        stayed paused until the retried step's own pause and resume (seen up to 8.6 s in the soak).
+        Only a retry that must wait for completions (the sync redrew groups, so the window is no longer
+        ready) resumes: with the gateway still paused, the agents it waits for could not call the model (every
+        call held until the hold timeout; before 10bed41 seen up to 8.6 s in the soak). A retry whose window
+        is still ready updates within the pause it already holds, so no pause ends without an update.
         """
         try:
             await self._resume_confirmed(step)
