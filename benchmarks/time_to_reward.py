@@ -6,7 +6,9 @@ rollout) on the quickstart task (examples/quickstart-local.yaml) with one config
 - `sync`: `async.enabled: false` (every update waits for its whole batch);
 - `async`: the quickstart's own async settings (the defaults, windowSize 2 x trainBatchSize);
 - `async-refill-off`: `async.refillDuringCollection: false`;
-- `async-max-age-2`: `async.maxCarryOverAgeSteps: 2` (older groups cancelled and redrawn).
+- `async-max-age-2`: `async.maxCarryOverAgeSteps: 2` (older groups cancelled and redrawn);
+- `sync-drop-uniform`, `async-drop-uniform`: `sync` and `async` with `rollout.dropUniformGroups: true`
+  (dynamic sampling: groups whose rewards are all alike are dropped before the update and replaced).
 
 in two regimes: `quickstart` (the task as shipped: tool median 0.5 s, CPU-bound on 2 cores) and `latency`
 (every row's `tool_seconds` set to `--latency-tool-seconds`, 3 s: the agents mostly wait). A seed sets the
@@ -71,11 +73,15 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart-local.yaml"
 AGENT = ROOT / "benchmarks" / "time_to_reward_agent.py"
 THRESHOLDS = (0.3, 0.6, 0.9)  # the default --thresholds
+# Each configuration: what it changes in spec.async (`enabled: False` replaces the section), and in
+# spec.rollout.
 CONFIGS: dict[str, dict[str, Any]] = {
     "sync": {"enabled": False},
     "async": {},
     "async-refill-off": {"refillDuringCollection": False},
     "async-max-age-2": {"maxCarryOverAgeSteps": 2},
+    "sync-drop-uniform": {"enabled": False, "rollout": {"dropUniformGroups": True}},
+    "async-drop-uniform": {"rollout": {"dropUniformGroups": True}},
 }
 REGIMES = ("quickstart", "latency")
 # Metric names in the trainer's per-step file, newest first: the reward and step time are being renamed to
@@ -122,7 +128,8 @@ def manifest_for(plan: Plan, *, latency_tool_seconds: float) -> dict[str, Any]:
         spec["data"]["inline"] = [
             {**row, "tool_seconds": latency_tool_seconds} for row in spec["data"]["inline"]
         ]
-    change = CONFIGS[plan.config]
+    change = dict(CONFIGS[plan.config])
+    spec["rollout"] = {**spec.get("rollout", {}), **change.pop("rollout", {})}
     spec["async"] = {"enabled": False} if change.get("enabled") is False else {**spec["async"], **change}
     inline: str = spec["agents"]["template"]["inline"]
     command = '["python", "-m", "examples.toy_agent.agent"]'
@@ -532,7 +539,8 @@ def draw(records: Sequence[dict[str, Any]], output: Path, *, thresholds: Sequenc
 
     regimes = list(dict.fromkeys(r["regime"] for r in records))
     figure, axes = pyplot.subplots(1, len(regimes), figsize=(7 * len(regimes), 5), squeeze=False)
-    colours = dict(zip(CONFIGS, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
+    palette = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+    colours = dict(zip(CONFIGS, palette, strict=True))
     for axis, regime in zip(axes[0], regimes, strict=True):
         labelled: set[str] = set()
         for r in (r for r in records if r["regime"] == regime):

@@ -213,7 +213,7 @@ def test_yaml_1_1_readers_see_no_boolean_key() -> None:
     rollout = _version(as_kubectl_reads_it)["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "rollout"
     ]
-    assert list(rollout["properties"]) == ["samplesPerPrompt"]
+    assert list(rollout["properties"]) == ["dropUniformGroups", "samplesPerPrompt"]
 
     def keys(node: object) -> list[object]:
         if isinstance(node, dict):

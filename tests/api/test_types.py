@@ -127,7 +127,7 @@ def test_documented_defaults() -> None:
             "maxPromptLength": 4096,
             "maxResponseLength": 4096,
         },
-        "rollout": {"samplesPerPrompt": 4},
+        "rollout": {"samplesPerPrompt": 4, "dropUniformGroups": False},
         "rolloutTimeoutSeconds": 1800,
         "maxFailedSteps": 3,
         "async": {"enabled": False, "refillDuringCollection": True, "stalenessPolicy": "Cancel"},

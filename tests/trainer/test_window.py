@@ -330,6 +330,7 @@ def test_step_summary_reports_the_six_seed_metrics() -> None:
         "training/async/n_stale_groups_cancelled": 0.0,
         "training/async/n_stale_groups_kept": 0.0,
         "training/async/n_failed_rollouts_consumed": 0.0,
+        "training/async/n_uniform_groups_dropped": 0.0,
     }
 
 

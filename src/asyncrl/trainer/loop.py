@@ -50,6 +50,7 @@ from asyncrl.trainer.metrics import MetricsSinks, spread
 from asyncrl.trainer.prefetch import DEFAULT_BATCH_ROLLOUTS, PrefetchTotals, RolloutsMissing, RowPrefetcher
 from asyncrl.trainer.recovery import groups_of, plan_resync
 from asyncrl.trainer.rows import TrainingRow
+from asyncrl.trainer.uniform_groups import drop_limit, uniform_groups
 from asyncrl.trainer.window import Group, RolloutWindow
 from asyncrl.window_config import WindowConfig
 
@@ -85,6 +86,7 @@ class LoopSettings:
     drain_timeout_seconds: float = 300.0
     gateway_wait_seconds: float = 300.0  # how long an unreachable gateway is waited for, each time
     max_failed_steps: int | None = 3  # consecutive steps with nothing to train before the run fails
+    drop_uniform_groups: bool = False  # dynamic sampling: skip groups whose rewards are all alike
     # Rows are prepared as groups complete, in batched fetches in the background (asyncrl.trainer.prefetch).
     events_batch_rollouts: int = DEFAULT_BATCH_ROLLOUTS  # rollouts per events request
     events_batch_bytes: int = (
@@ -428,22 +430,26 @@ class StepLoop:
     async def _prepare_update(self, step: int) -> _PreparedUpdate | None:
         """Fill the window, wait for enough complete groups, pause and drain, fetch the batch's data.
 
-        Changes the window only by drawing and recording completions, so after a gateway failure it can run
-        again for the same step. None when there is nothing left to train on.
+        Changes the window only by drawing, recording completions and dropping uniform groups (which a resync
+        after a failure tolerates), so after a gateway failure it can run again for the same step. None when
+        there is nothing left to train on.
         """
         window = self.window
         await self._draw(step)
         if not window.active_groups:
             return None  # the data is used up and nothing is in flight
-        while not window.ready_for_update():
-            if self._data_exhausted() and not self._can_still_complete():
-                return None
-            if self._step_paused:  # a retried step whose failed try paused the gateway must collect
-                await self._reopen_after_failure(step)
-            await self._consume_completions()
-            if window.config.refills and not window.ready_for_update():
-                await self._draw(step)  # keep windowSize groups unfinished while collecting
-        await self._prefetcher.settle(window.update_groups())  # the rows are ready before the pause
+        while True:
+            while not window.ready_for_update():
+                if self._data_exhausted() and not self._can_still_complete():
+                    return None
+                if self._step_paused:  # a retried step whose failed try paused the gateway must collect
+                    await self._reopen_after_failure(step)
+                await self._consume_completions()
+                if window.config.refills and not window.ready_for_update():
+                    await self._draw(step)  # keep windowSize groups unfinished while collecting
+            await self._prefetcher.settle(window.update_groups())  # the rows are ready before the pause
+            if not await self._drop_uniform_groups(step):
+                break
         wait_started = time.monotonic()
         self._step_paused = True  # before sending: a pause whose answer is lost still paused the gateway
         drain = await self.gateway.pause(
@@ -582,9 +588,45 @@ class StepLoop:
         """Whether waiting longer can make the window ready (groups with rollouts still running)."""
         return any(not group.is_complete for group in self.window.active_groups)
 
-    async def _draw(self, step: int) -> None:
+    async def _drop_uniform_groups(self, step: int) -> bool:
+        """With `rollout.dropUniformGroups`: drop the batch's groups whose rewards are all alike (nothing for
+        GRPO to learn) and draw new prompts in their place; True when some were dropped (collect again).
+
+        At most `drop_limit` per update, so a run whose every group scores alike still updates.
+        """
+        window = self.window
+        room = drop_limit(
+            enabled=self.settings.drop_uniform_groups, train_batch_size=window.config.train_batch_size
+        )
+        room -= window.n_uniform_groups_dropped
+        if room <= 0:
+            return False
+        groups = window.update_groups()
+        rows, _counts = await self._prefetcher.rows_for(groups)
+        uniform = uniform_groups(groups, rows)[:room]
+        if not uniform:
+            return False
+        dropped = window.drop_uniform_groups((group.group_id for group in uniform), step=step)
+        for group in dropped:
+            self._inputs.pop(group.group_id, None)
+        self._prefetcher.notice()
+        logger.info(
+            "step %d: dropped %d group%s whose rewards were all alike (%s); drawing new prompts",
+            step,
+            len(dropped),
+            "" if len(dropped) == 1 else "s",
+            " ".join(group.group_id for group in dropped),
+        )
+        # Their agents have ended; a failed delete leaves strays that the next resync deletes.
+        await self.gateway.delete_rollouts(rid for group in dropped for rid in group.rollout_ids)
+        # Sync mode draws only into an empty window: replace the dropped groups one for one.
+        await self._draw(step, count=None if window.config.async_enabled else len(dropped))
+        return True
+
+    async def _draw(self, step: int, *, count: int | None = None) -> None:
+        """Draw new prompt groups: as many as the window takes now, or `count`."""
         rows: list[Any] = []
-        for _ in range(self.window.groups_to_draw()):
+        for _ in range(self.window.groups_to_draw() if count is None else count):
             position = self.prompts.position
             if self._first_epoch_only and position.offset >= self.prompts.n_rows:
                 break  # one pass over the data is drawn

@@ -325,6 +325,7 @@ async def train(args: argparse.Namespace) -> int:
         retry_after_seconds=spec.gateway.retry_after_seconds,
         drain_policy=spec.gateway.drain_policy,
         max_failed_steps=spec.max_failed_steps,
+        drop_uniform_groups=spec.rollout.drop_uniform_groups,
     )
     rows = rows_of(run, args.data_file)
     prompts = PromptSource(rows, shuffle=spec.data.shuffle, seed=spec.data.seed)

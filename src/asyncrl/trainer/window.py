@@ -97,6 +97,7 @@ class StepSummary:
     n_stale_groups_cancelled: int
     n_stale_groups_kept: int  # stale groups left in the window by the KEEP policy
     n_failed_rollouts_consumed: int  # failed, timed-out or cancelled rollouts in consumed groups
+    n_uniform_groups_dropped: int = 0  # complete groups skipped for rewards all alike (dropUniformGroups)
     proxy_inflight_at_pause: int = 0
     proxy_drain_seconds: float = 0.0
     proxy_aborted_calls: int = 0  # calls in flight at the pause cancelled upstream (drain policy Abort)
@@ -150,6 +151,7 @@ class StepSummary:
             "n_stale_groups_cancelled": self.n_stale_groups_cancelled,
             "n_stale_groups_kept": self.n_stale_groups_kept,
             "n_failed_rollouts_consumed": self.n_failed_rollouts_consumed,
+            "n_uniform_groups_dropped": self.n_uniform_groups_dropped,
         }
         return {names.ASYNC + name: float(value) for name, value in values.items()}
 
@@ -177,6 +179,7 @@ class RolloutWindow:
         self._n_prev_carry_over_rollouts = 0
         self._n_stale_groups_cancelled = 0
         self._n_stale_groups_kept = 0
+        self._n_uniform_groups_dropped = 0
 
     @classmethod
     def restore(cls, config: WindowConfig, groups: Iterable[Group]) -> RolloutWindow:
@@ -232,6 +235,12 @@ class RolloutWindow:
         self._n_prev_carry_over_rollouts = self.n_active_rollouts
         self._n_stale_groups_cancelled = 0
         self._n_stale_groups_kept = 0
+        self._n_uniform_groups_dropped = 0
+
+    @property
+    def n_uniform_groups_dropped(self) -> int:
+        """Complete groups `drop_uniform_groups` removed in the begun step."""
+        return self._n_uniform_groups_dropped
 
     def stale_groups(self, *, step: int) -> list[Group]:
         """Active groups older than `max_carry_over_age_steps` at the start of `step` (none without a max)."""
@@ -329,6 +338,21 @@ class RolloutWindow:
             self._remove(group)
         return dropped
 
+    def drop_uniform_groups(self, group_ids: Iterable[str], *, step: int) -> list[Group]:
+        """Remove complete groups whose rewards were all alike (no GRPO signal) before the update; return
+        them.
+
+        Counted in the step's summary. The caller deletes their rollouts and draws new prompts in their place.
+        """
+        self._require_step(step, action="drop uniform groups")
+        wanted = list(dict.fromkeys(group_ids))
+        unfinished = [gid for gid in wanted if gid in self._groups and not self._groups[gid].is_complete]
+        if unfinished:
+            raise ValueError(f"groups {unfinished} are not complete: their rewards are not all known")
+        dropped = self.drop_groups(wanted)
+        self._n_uniform_groups_dropped += len(dropped)
+        return dropped
+
     def take_update_batch(self, *, step: int) -> UpdateBatch:
         """Consume the first trainBatchSize complete groups in completion order; carry every other group over.
 
@@ -357,6 +381,7 @@ class RolloutWindow:
             n_stale_groups_cancelled=self._n_stale_groups_cancelled,
             n_stale_groups_kept=self._n_stale_groups_kept,
             n_failed_rollouts_consumed=sum(group.n_failed for group in consumed),
+            n_uniform_groups_dropped=self._n_uniform_groups_dropped,
         )
         self._step = None
         self._last_update_step = step

@@ -416,6 +416,15 @@ class RolloutSpec(ApiModel):
             "groups only, as the group's reward statistics (GRPO) need."
         ),
     )
+    drop_uniform_groups: bool = Field(
+        strict=True,
+        default=False,
+        description=(
+            "Dynamic sampling (DAPO): before an update, drop each complete group whose rollouts all scored "
+            "the same reward (GRPO learns nothing from it) and draw a new prompt in its place; at most "
+            "trainBatchSize groups per update, so a run whose every group scores alike still updates."
+        ),
+    )
 
 
 class AsyncSpec(ApiModel):
