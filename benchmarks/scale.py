@@ -197,6 +197,7 @@ def _measuring_client(gateway_url: str) -> Any:
             self.pause_call_seconds: list[float] = []  # the pause request itself (the drain included)
             self.resumes_sent: list[float] = []  # monotonic
             self.drain_seconds: list[float] = []  # the drain as the gateway measured it
+            self.spans: list[RequestSpan] = []  # every request this client made, for the release breakdown
 
         async def pause(self, **kwargs: Any) -> Any:
             self.cpu_at_pause.append(time.process_time())
@@ -213,7 +214,11 @@ def _measuring_client(gateway_url: str) -> Any:
             return await super().resume(model_version=model_version)
 
         async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-            response = await super()._request(method, path, **kwargs)
+            asked = time.monotonic()
+            try:
+                response = await super()._request(method, path, **kwargs)
+            finally:
+                self.spans.append(RequestSpan(request_kind(method, path), asked, time.monotonic()))
             if path.startswith("/api/rollouts") and path.endswith("/events"):  # one rollout's, or a batch
                 self.events_bytes += len(response.content)
                 self.requests_while_paused += self.paused
@@ -221,6 +226,53 @@ def _measuring_client(gateway_url: str) -> Any:
             return response
 
     return MeasuringClient()
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSpan:
+    kind: str  # request_kind()
+    start: float  # monotonic, as the trainer sent it
+    end: float  # monotonic, as its answer was read
+
+
+def request_kind(method: str, path: str) -> str:
+    """A trainer request's kind for the release breakdown: what it asks the gateway to do."""
+    if path.endswith("/events"):
+        return "events"
+    if path.startswith("/proxy/"):
+        return path.removeprefix("/proxy/")
+    if path.startswith("/api/rollouts") and method in ("DELETE", "POST") and "delete" in path:
+        return "delete"
+    return f"{method} {path.split('?')[0]}"
+
+
+def release_windows(
+    calls: Sequence[tuple[float, float]], resumes: Sequence[float]
+) -> list[tuple[float, float]]:
+    """Per resume that released calls: (the resume, the answer of the last call it released)."""
+    last: dict[float, float] = {}
+    for sent, answered in calls:
+        crossed = [resumed for resumed in resumes if sent <= resumed < answered]
+        if crossed:
+            last[crossed[-1]] = max(last.get(crossed[-1], 0.0), answered)
+    return sorted(last.items())
+
+
+def trainer_work_in_release(
+    spans: Sequence[RequestSpan], windows: Sequence[tuple[float, float]]
+) -> dict[str, tuple[int, float]]:
+    """By request kind: how many of the trainer's requests ran while released calls were still being
+    answered (between a resume and the last answer it released), and their seconds within those windows."""
+    found: dict[str, tuple[int, float]] = {}
+    for span in spans:
+        if span.kind == "GET /api/completions":
+            continue  # the long-poll: it waits on the feed, asking the gateway nothing meanwhile
+        for start, end in windows:
+            overlap = min(span.end, end) - max(span.start, start)
+            if overlap > 0:
+                count, seconds = found.get(span.kind, (0, 0.0))
+                found[span.kind] = (count + 1, seconds + overlap)
+    return dict(sorted(found.items(), key=lambda item: -item[1][1]))
 
 
 def release_seconds(calls: Sequence[tuple[float, float]], resumes: Sequence[float]) -> list[float]:
@@ -328,6 +380,7 @@ async def _measure(args: argparse.Namespace, *, upstream_url: str, log_dir: Path
         )
     ]
     released = release_seconds(calls, client.resumes_sent)
+    windows = release_windows(calls, client.resumes_sent)
     return {
         "gateway_peak_bytes": peak,
         "pause_median": statistics.median(pauses),
@@ -340,6 +393,8 @@ async def _measure(args: argparse.Namespace, *, upstream_url: str, log_dir: Path
         "held_calls": len(released),
         "release_p99": percentile(released, 99),
         "release_max": max(released, default=float("nan")),
+        "release_windows": [end - start for start, end in windows],
+        "trainer_work_in_release": trainer_work_in_release(client.spans, windows),
         "rows": backend.rows_trained,
         "seconds": time.monotonic() - started,
         "train_batch": train_batch,
@@ -383,6 +438,13 @@ async def main(args: argparse.Namespace) -> None:
             ],
         )
     )  # fmt: skip
+    work = ", ".join(
+        f"{kind} {count} x, {seconds * 1000:.0f} ms"
+        for kind, (count, seconds) in result["trainer_work_in_release"].items()
+    )
+    windows_ms = ", ".join(f"{seconds * 1000:.0f}" for seconds in result["release_windows"])
+    print(f"release windows (a resume to the last call it released answered), ms: {windows_ms or 'none'}")
+    print(f"the trainer's requests to the gateway within them: {work or 'none'}")
     print(
         verdict(
             "pause to update start <= 1 s",

@@ -344,6 +344,15 @@ def test_each_update_runs_paused_and_the_resume_names_the_new_model_version(tmp_
     assert (state.paused, state.model_version) == (False, 3)
 
 
+def _pauses_and_resumes(gateway: FakeGateway) -> list[tuple[str, bool, int | None]]:
+    """(method, whether the gateway was paused when the call came, the resume's model version), in order."""
+    return [
+        (call.method, call.paused, call.model_version)
+        for call in gateway.calls
+        if call.method in ("pause", "resume")
+    ]
+
+
 class PauseAnswerLostGateway(FakeGateway):
     """Its first pause is taken but the answer never reaches the trainer (a reset or timed-out connection)."""
 
@@ -370,12 +379,7 @@ def test_a_step_whose_pause_answer_was_lost_updates_within_that_pause(tmp_path: 
     _run(harness)
 
     assert gateway.lost == 1
-    pauses_and_resumes = [
-        (call.method, call.paused, call.model_version)
-        for call in gateway.calls
-        if call.method in ("pause", "resume")
-    ]
-    assert pauses_and_resumes[:4] == [
+    assert _pauses_and_resumes(gateway)[:4] == [
         ("resume", False, 0),  # the run starts serving
         ("pause", False, None),  # step 0's pause: taken, its answer lost
         ("pause", True, None),  # the retry pauses again (idempotent), without resuming in between
@@ -427,12 +431,7 @@ def test_a_retried_step_that_must_collect_resumes_the_gateway_first(tmp_path: Pa
 
     assert gateway.dropped
     assert gateway.lost == 1
-    pauses_and_resumes = [
-        (call.method, call.paused, call.model_version)
-        for call in gateway.calls
-        if call.method in ("pause", "resume")
-    ]
-    assert pauses_and_resumes[:4] == [
+    assert _pauses_and_resumes(gateway)[:4] == [
         ("resume", False, 0),
         ("pause", False, None),  # taken, its answer lost, a group lost with it
         ("resume", True, 0),  # the retry must collect the redrawn group: the gateway opens first
