@@ -251,10 +251,8 @@ def release_windows(
 ) -> list[tuple[float, float]]:
     """Per resume that released calls: (the resume, the answer of the last call it released)."""
     last: dict[float, float] = {}
-    for sent, answered in calls:
-        crossed = [resumed for resumed in resumes if sent <= resumed < answered]
-        if crossed:
-            last[crossed[-1]] = max(last.get(crossed[-1], 0.0), answered)
+    for resumed, answered in released_calls(calls, resumes):
+        last[resumed] = max(last.get(resumed, 0.0), answered)
     return sorted(last.items())
 
 
@@ -278,12 +276,20 @@ def trainer_work_in_release(
 def release_seconds(calls: Sequence[tuple[float, float]], resumes: Sequence[float]) -> list[float]:
     """For each call across a resume (held through it, or aborted at the pause and re-sent): its answer less
     the last resume before that answer (a released call may be aborted by the next pause and held again)."""
-    late = []
+    return [answered - resumed for resumed, answered in released_calls(calls, resumes)]
+
+
+def released_calls(
+    calls: Sequence[tuple[float, float]], resumes: Sequence[float]
+) -> list[tuple[float, float]]:
+    """(the resume that released it, its answer) for each call across a resume: the last resume between
+    the call's sending and its answer."""
+    released = []
     for sent, answered in calls:
         crossed = [resumed for resumed in resumes if sent <= resumed < answered]
         if crossed:
-            late.append(answered - crossed[-1])
-    return late
+            released.append((crossed[-1], answered))
+    return released
 
 
 def _peak_rss_bytes(pid: int) -> int:
