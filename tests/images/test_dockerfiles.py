@@ -1,10 +1,11 @@
-"""The container images' build files: operator/, trainer_image/ and gateway_image/.
+"""The container images' build files: operator/, trainer_image/ (CUDA and CPU) and gateway_image/.
 
-No image is built here (these machines have no Docker engine). What is checked instead: hadolint (a dev
-dependency, installed next to the interpreter) reports nothing; every base image has an explicit tag; each
-final stage runs as a numeric non-root user and starts the right `asyncrl` subcommand on the ports the
-operator uses; the trainer's GPU pins agree with pyproject.toml's `gpu` extra; and each .dockerignore keeps
-.venv and .git out of the build context while admitting every file its Dockerfile copies.
+What the build files must say, checked without building: hadolint (a dev dependency, installed next to the
+interpreter) reports nothing; the base is the build argument BASE_IMAGE, used by every FROM, whose default
+is an explicit tag (scripts/provision-images.sh passes a base made here); each final stage runs as a
+numeric non-root user and starts the right `asyncrl` subcommand on the ports the operator uses; the
+trainers' pins agree with pyproject.toml; and each .dockerignore keeps .venv and .git out of the build
+context while admitting every file its Dockerfile copies. test_built_images.py checks the built images.
 """
 
 from __future__ import annotations
@@ -44,9 +45,19 @@ IMAGES = {
     # The trainer serves nothing that outside the pod reaches: its model servers pick free ports and register
     # with the gateway sidecar; Prometheus metrics are off unless --metrics-port is given.
     "trainer": Image("trainer_image/Dockerfile", "trainer", ()),
+    # The CPU stand-in: the Reference backend and the examples/ agents, where there is no GPU.
+    "trainer-cpu": Image("trainer_image/Dockerfile.cpu", "trainer", ()),
     "gateway": Image("gateway_image/Dockerfile", "gateway", (DEFAULT_GATEWAY_PORT,)),
 }
 image_names = pytest.mark.parametrize("name", sorted(IMAGES))
+trainer_names = pytest.mark.parametrize("name", ["trainer", "trainer-cpu"])
+# The default of each Dockerfile's BASE_IMAGE: the public image it is built on unless told otherwise.
+PUBLIC_BASES = {
+    "operator": "python:3.11-slim",
+    "trainer": "nvidia/cuda:13.0.2-runtime-ubuntu24.04",
+    "trainer-cpu": "python:3.11-slim",
+    "gateway": "python:3.11-slim",
+}
 
 
 @dataclass(frozen=True)
@@ -82,15 +93,41 @@ def instructions(path: Path) -> list[Instruction]:
 
 
 def stages(path: Path) -> list[list[Instruction]]:
-    """The build stages, each starting with its FROM."""
+    """The build stages, each starting with its FROM (the global ARGs before the first are left out)."""
     result: list[list[Instruction]] = []
     for instruction in instructions(path):
         if instruction.keyword == "FROM":
             result.append([])
+        if not result and instruction.keyword == "ARG":
+            continue
         assert result, f"{path}:{instruction.line}: {instruction.keyword} before the first FROM"
         result[-1].append(instruction)
     assert result, f"{path}: no FROM"
     return result
+
+
+def global_args(path: Path) -> dict[str, str | None]:
+    """The ARGs declared before the first FROM (what FROM lines may use), with their defaults."""
+    args: dict[str, str | None] = {}
+    for instruction in instructions(path):
+        if instruction.keyword == "FROM":
+            break
+        assert instruction.keyword == "ARG", f"{path}:{instruction.line}: only ARG may come before FROM"
+        name, sep, default = instruction.args.partition("=")
+        args[name.strip()] = default.strip() if sep else None
+    return args
+
+
+def resolve(reference: str, args: dict[str, str | None]) -> str:
+    """A FROM reference with `${NAME}`/`$NAME` replaced by the global ARG's default."""
+
+    def default(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        value = args.get(name)
+        assert value, f"FROM {reference}: ARG {name} has no default"
+        return value
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", default, reference)
 
 
 def from_image(instruction: Instruction) -> tuple[str, str | None]:
@@ -215,19 +252,25 @@ def copied_sources(path: Path) -> list[str]:
     return sources
 
 
+# The test harness: pyproject.toml leaves it out of the wheel, so no image holds it, and every ignore file
+# keeps it out of the context (editing it rebuilds no image).
+TEST_HARNESS = "src/asyncrl/testing"
+
+
 def context_files(source: str) -> list[str]:
     """A COPY source as files of the repository (a directory: every file in it, less the build and
-    bytecode outputs that every ignore file keeps out on purpose)."""
+    bytecode outputs and the test harness, which every ignore file keeps out on purpose)."""
     target = REPO / source
     assert target.exists(), f"COPY source {source} is not in the repository"
     if target.is_file():
         return [source]
     return [
-        file.relative_to(REPO).as_posix()
+        path
         for file in sorted(target.rglob("*"))
         if file.is_file()
         and not file.name.endswith(".pyc")
         and not any(part == "__pycache__" or part.endswith(".egg-info") for part in file.parts)
+        and not (path := file.relative_to(REPO).as_posix()).startswith(f"{TEST_HARNESS}/")
     ]
 
 
@@ -250,19 +293,38 @@ def test_hadolint_reports_nothing(name: str) -> None:
     assert result.stdout.strip() == ""
 
 
-@image_names
-def test_base_images_have_explicit_tags(name: str) -> None:
-    dockerfile = REPO / IMAGES[name].dockerfile
+def base_references(dockerfile: Path) -> list[str]:
+    """The image references of the FROMs that start from an image (not from an earlier stage), as written."""
     stage_names: set[str] = set()
+    references = []
     for stage in stages(dockerfile):
         reference, stage_name = from_image(stage[0])
         if reference.lower() not in stage_names:
-            assert "$" not in reference, f"{dockerfile}: FROM {reference}: write the tag out"
-            tag = image_tag(reference)
-            assert tag, f"{dockerfile}: FROM {reference} has no tag"
-            assert tag != "latest", f"{dockerfile}: FROM {reference} uses `latest`"
+            references.append(reference)
         if stage_name:
             stage_names.add(stage_name.lower())
+    return references
+
+
+@image_names
+def test_base_images_have_explicit_tags(name: str) -> None:
+    dockerfile = REPO / IMAGES[name].dockerfile
+    args = global_args(dockerfile)
+    for written in base_references(dockerfile):
+        reference = resolve(written, args)
+        assert "$" not in reference, f"{dockerfile}: FROM {written}: write the tag out"
+        tag = image_tag(reference)
+        assert tag, f"{dockerfile}: FROM {written} ({reference}) has no tag"
+        assert tag != "latest", f"{dockerfile}: FROM {written} ({reference}) uses `latest`"
+
+
+@image_names
+def test_base_is_a_build_argument_defaulting_to_the_public_image(name: str) -> None:
+    # Users build the Dockerfiles unchanged; scripts/provision-images.sh passes --build-arg BASE_IMAGE.
+    dockerfile = REPO / IMAGES[name].dockerfile
+    assert global_args(dockerfile).get("BASE_IMAGE") == PUBLIC_BASES[name]
+    for reference in base_references(dockerfile):
+        assert reference in ("${BASE_IMAGE}", "$BASE_IMAGE"), f"{dockerfile}: FROM {reference}"
 
 
 @image_names
@@ -299,9 +361,9 @@ def test_exposes_the_ports_in_use(name: str) -> None:
 
 def test_gateway_image_is_slim_and_has_no_trainer_extras() -> None:
     dockerfile = REPO / IMAGES["gateway"].dockerfile
-    for stage in stages(dockerfile):
-        reference, _ = from_image(stage[0])
-        assert reference == "python:3.11-slim"
+    args = global_args(dockerfile)
+    for reference in base_references(dockerfile):
+        assert resolve(reference, args) == "python:3.11-slim"
     text = dockerfile.read_text()
     assert "[trainer" not in text
     assert "[gpu" not in text
@@ -341,6 +403,32 @@ def test_trainer_image_pins_the_gpu_stack() -> None:
     ), installs
 
 
+def test_cpu_trainer_image_installs_the_trainer_extra_under_the_same_pins() -> None:
+    dockerfile = REPO / IMAGES["trainer-cpu"].dockerfile
+    text = dockerfile.read_text()
+    assert "[gpu" not in text, "the CPU image has no vLLM (the gpu extra)"
+    assert "COPY trainer_image/constraints.txt" in text
+    installs = [
+        instruction.args
+        for instruction in instructions(dockerfile)
+        if instruction.keyword == "RUN" and "pip install" in instruction.args
+    ]
+    assert any(
+        "--constraint trainer_image/constraints.txt" in args and '".[trainer]"' in args for args in installs
+    ), installs
+
+
+def test_cpu_trainer_image_holds_the_examples_package_in_its_working_directory() -> None:
+    # The agent Jobs run `python -m examples.toy_agent.agent` in it (examples/quickstart-cluster.yaml).
+    final = stages(REPO / IMAGES["trainer-cpu"].dockerfile)[-1]
+    workdir = last(final, "WORKDIR")
+    assert workdir is not None
+    copies = [i.args.split() for i in final if i.keyword == "COPY" and "--from" not in i.args]
+    assert ["examples", "./examples"] in copies
+    assert (REPO / "examples" / "__init__.py").is_file()
+    assert final_env(final)["PATH"].startswith("/opt/asyncrl/bin:"), "`python` must be the venv's"
+
+
 def test_trainer_pins_agree_with_pyproject() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
@@ -363,13 +451,17 @@ def test_trainer_pins_agree_with_pyproject() -> None:
             )
 
 
-def test_trainer_image_caches_are_writable_paths() -> None:
-    final = stages(REPO / IMAGES["trainer"].dockerfile)[-1]
+@trainer_names
+def test_trainer_image_caches_are_writable_paths(name: str) -> None:
+    final = stages(REPO / IMAGES[name].dockerfile)[-1]
     env = final_env(final)
-    for key in ("HF_HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"):
+    keys = ["HF_HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"]
+    if name == "trainer":
+        keys.append("VLLM_CACHE_ROOT")
+    for key in keys:
         assert env.get(key, "").startswith("/tmp/"), f"{key} should point under /tmp, not {env.get(key)}"
     # The checkpoint directory the operator mounts exists, for runs without that volume.
-    assert children.CHECKPOINT_DIR in (REPO / IMAGES["trainer"].dockerfile).read_text()
+    assert children.CHECKPOINT_DIR in (REPO / IMAGES[name].dockerfile).read_text()
 
 
 def _ignore_files(name: str) -> list[Path]:
@@ -378,11 +470,11 @@ def _ignore_files(name: str) -> list[Path]:
 
 
 @image_names
-def test_dockerignore_excludes_venv_and_git(name: str) -> None:
+def test_dockerignore_excludes_venv_git_and_the_test_harness(name: str) -> None:
     for ignore_file in _ignore_files(name):
         assert ignore_file.is_file(), f"{ignore_file.relative_to(REPO)} is missing"
         rules = dockerignore_rules(ignore_file.read_text())
-        for path in (".venv", ".venv/bin/python", ".git", ".git/HEAD"):
+        for path in (".venv", ".venv/bin/python", ".git", ".git/HEAD", f"{TEST_HARNESS}/controlplane.py"):
             assert excluded(rules, path), f"{ignore_file.relative_to(REPO)} lets {path} into the context"
 
 
