@@ -7,6 +7,9 @@
 #   ASYNCRL_CACHE_DIR     cache root (default ~/.cache/asyncrl)
 #   ASYNCRL_K8S_BIN_DIR   where the binaries land (default $ASYNCRL_CACHE_DIR/k8s/v$ASYNCRL_K8S_VERSION/bin)
 #   ASYNCRL_HELM_VERSION  helm release (default 3.22.0)
+#   ASYNCRL_K8S_EXTRA_BINARIES  more commands of k8s.io/kubernetes/cmd to build beside the control plane, from
+#                         the same module and with the same version stamp (scripts/provision-node.sh asks
+#                         for "kubelet kube-scheduler kube-proxy")
 # The last line of output is the bin directory, so callers can do BIN=$(scripts/provision-k8s.sh | tail -1).
 set -euo pipefail
 
@@ -16,6 +19,7 @@ HELM_VERSION="${ASYNCRL_HELM_VERSION:-3.22.0}"
 HELM_VERSION="${HELM_VERSION#v}"
 ETCD_DEBIAN_SUITE="${ASYNCRL_ETCD_DEBIAN_SUITE:-trixie}"
 ETCD_GO_VERSION="${ASYNCRL_ETCD_GO_VERSION:-3.5.21}"
+K8S_BINARIES=(kube-apiserver kube-controller-manager kubectl ${ASYNCRL_K8S_EXTRA_BINARIES:-})
 CACHE_DIR="${ASYNCRL_CACHE_DIR:-$HOME/.cache/asyncrl}"
 VERSION_DIR="$CACHE_DIR/k8s/v$K8S_VERSION"
 BIN_DIR="${ASYNCRL_K8S_BIN_DIR:-$VERSION_DIR/bin}"
@@ -41,7 +45,7 @@ require_go() {
 
 build_kubernetes() {
   local missing=()
-  for b in kube-apiserver kube-controller-manager kubectl; do have_bin "$b" || missing+=("$b"); done
+  for b in "${K8S_BINARIES[@]}"; do have_bin "$b" || missing+=("$b"); done
   if [ ${#missing[@]} -eq 0 ]; then step "kubernetes v$K8S_VERSION binaries present in $BIN_DIR"; return; fi
   require_go
   step "building ${missing[*]} v$K8S_VERSION from k8s.io/kubernetes (a cold build takes 15-30 minutes on 2 cores)"
@@ -66,9 +70,9 @@ build_kubernetes() {
       sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod_file"
     } > go.mod
     step "resolving module graph (go get -tool)"
-    go get -tool k8s.io/kubernetes/cmd/kube-apiserver@"v$K8S_VERSION" \
-      k8s.io/kubernetes/cmd/kube-controller-manager@"v$K8S_VERSION" \
-      k8s.io/kubernetes/cmd/kubectl@"v$K8S_VERSION" >&2
+    local tools=() b
+    for b in "${missing[@]}"; do tools+=("k8s.io/kubernetes/cmd/$b@v$K8S_VERSION"); done
+    go get -tool "${tools[@]}" >&2
     local pkg="k8s.io/component-base/version" cpkg="k8s.io/client-go/pkg/version"
     local ldflags="-s -w"
     for p in "$pkg" "$cpkg"; do
@@ -184,7 +188,7 @@ start=$(date +%s)
 build_kubernetes
 provision_etcd
 provision_helm
-for b in etcd kube-apiserver kube-controller-manager kubectl helm; do
+for b in etcd "${K8S_BINARIES[@]}" helm; do
   have_bin "$b" || die "$b is missing from $BIN_DIR after provisioning"
 done
 step "control plane ready in $BIN_DIR ($(( $(date +%s) - start ))s)"

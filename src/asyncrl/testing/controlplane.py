@@ -4,7 +4,9 @@ Tests of an operator prove little against a mocked API, and there is no containe
 as controller-runtime's envtest does, this module runs the real etcd, kube-apiserver and
 kube-controller-manager as local processes on free loopback ports in a temporary directory. Admission, CEL
 validation, the Job controller, owner garbage collection and TTL cleanup are therefore the real ones.
-There is no kubelet: `asyncrl.testing.podrunner` plays that part.
+There is no kubelet: `asyncrl.testing.podrunner` plays that part. `asyncrl.testing.node` starts the same
+control plane on another address, inside a network namespace, with a real kubelet beside it; the fields
+`address`, `command_prefix`, `service_account_tokens` and `apiserver_args` are for it.
 
 The binaries come from `scripts/provision-k8s.sh`, which builds them into
 `~/.cache/asyncrl/k8s/<version>/bin`.
@@ -22,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -66,7 +68,8 @@ def missing_binaries(bin_dir: Path) -> list[str]:
     return [name for name in REQUIRED_BINARIES if not os.access(bin_dir / name, os.X_OK)]
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a log file, or "(no log)"."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
@@ -91,11 +94,14 @@ def _write_service_account_key(path: Path) -> None:
 
 
 @dataclass
-class _Component:
+class Component:
+    """One long-lived process of a cluster: its argv, its log file, and stopping its whole process group."""
+
     name: str
     argv: list[str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    env: Mapping[str, str] | None = None  # None: this process's environment
 
     def start(self) -> None:
         log = self.log_path.open("wb")
@@ -105,6 +111,7 @@ class _Component:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=None if self.env is None else dict(self.env),
                 start_new_session=True,
             )
         finally:
@@ -131,10 +138,18 @@ class ControlPlane:
     start_timeout_seconds: float = 120.0
     controllers: tuple[str, ...] = CONTROLLERS
     controller_manager_args: tuple[str, ...] = ()  # extra flags (a benchmark's --kube-api-qps)
+    # Where every component listens and the API server advertises itself (the `kubernetes` Service endpoint).
+    address: str = "127.0.0.1"
+    # Put before each component's argv, e.g. `nsenter --net=/run/netns/NAME --` to run it in a namespace.
+    command_prefix: tuple[str, ...] = ()
+    # With a kubelet: the ServiceAccount admission plugin stays on (pods get a projected token volume) and the
+    # controller-manager gets the CA it publishes as kube-root-ca.crt and the key of legacy token Secrets.
+    service_account_tokens: bool = False
+    apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (the kubelet client certificate)
     server: str = ""
     token: str = ""
     kubeconfig: Path = Path()
-    _components: list[_Component] = field(default_factory=list)
+    _components: list[Component] = field(default_factory=list)
     _owns_work_dir: bool = False
 
     def __enter__(self) -> ControlPlane:
@@ -145,6 +160,22 @@ class ControlPlane:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    @property
+    def pki_dir(self) -> Path:
+        """The API server's certificates (`apiserver.crt` is self-signed by a CA it bundles) and the
+        service-account key."""
+        assert self.work_dir is not None
+        return self.work_dir / "pki"
+
+    @property
+    def ca_file(self) -> Path:
+        """A bundle that verifies the API server's serving certificate (the kubeconfig's CA)."""
+        return self.pki_dir / "apiserver.crt"
+
+    def component(self, name: str) -> Component:
+        """The running component `name` (etcd, kube-apiserver, kube-controller-manager)."""
+        return next(component for component in self._components if component.name == name)
 
     @property
     def log_paths(self) -> dict[str, Path]:
@@ -185,23 +216,25 @@ class ControlPlane:
             code = component.exited()
             state = "running" if code is None else f"exited with {code}"
             parts.append(
-                f"--- {component.name} ({state}), {component.log_path}:\n{_tail(component.log_path)}"
+                f"--- {component.name} ({state}), {component.log_path}:\n{log_tail(component.log_path)}"
             )
         return "\n".join(parts)
 
     # -- components ---------------------------------------------------------------------------------------
 
-    def _launch(self, name: str, argv: list[str]) -> _Component:
+    def _launch(self, name: str, argv: list[str]) -> Component:
         assert self.work_dir is not None
-        component = _Component(name=name, argv=argv, log_path=self.work_dir / f"{name}.log")
+        component = Component(
+            name=name, argv=[*self.command_prefix, *argv], log_path=self.work_dir / f"{name}.log"
+        )
         self._components.append(component)
         component.start()
         return component
 
     def _start_etcd(self) -> None:
         assert self.work_dir is not None
-        client_url = f"http://127.0.0.1:{free_port()}"
-        peer_url = f"http://127.0.0.1:{free_port()}"
+        client_url = f"http://{self.address}:{free_port()}"
+        peer_url = f"http://{self.address}:{free_port()}"
         etcd = self._launch(
             "etcd",
             [
@@ -221,7 +254,7 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         assert self.work_dir is not None
-        cert_dir = self.work_dir / "pki"
+        cert_dir = self.pki_dir
         cert_dir.mkdir(exist_ok=True)
         sa_key = cert_dir / "service-account.key"
         _write_service_account_key(sa_key)
@@ -230,15 +263,15 @@ class ControlPlane:
         tokens.write_text(f'{self.token},asyncrl-admin,asyncrl-admin,"system:masters"\n')
         tokens.chmod(0o600)
         port = free_port()
-        self.server = f"https://127.0.0.1:{port}"
+        self.server = f"https://{self.address}:{port}"
         apiserver = self._launch(
             "kube-apiserver",
             [
                 str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers={self._etcd_url}",
                 f"--cert-dir={cert_dir}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={port}",
                 f"--service-account-key-file={sa_key}",
                 f"--service-account-signing-key-file={sa_key}",
@@ -247,19 +280,20 @@ class ControlPlane:
                 "--authorization-mode=RBAC",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--allow-privileged=true",
-                # There is no kubelet to mount service-account tokens, so the admission plugin that adds the
-                # token volume is off; tests that need an identity request a token explicitly.
-                "--disable-admission-plugins=ServiceAccount",
+                # Without a kubelet to mount service-account tokens the admission plugin that adds the token
+                # volume is off; tests that need an identity request a token explicitly.
+                *(() if self.service_account_tokens else ("--disable-admission-plugins=ServiceAccount",)),
                 "--enable-priority-and-fairness=false",
                 "--storage-backend=etcd3",
                 "--v=1",
+                *self.apiserver_args,
             ],
         )
         self._wait_until(apiserver, "kube-apiserver /readyz", lambda: self._http_ok(f"{self.server}/readyz"))
 
     def _write_kubeconfig(self) -> None:
         assert self.work_dir is not None
-        ca = self.work_dir / "pki" / "apiserver.crt"
+        ca = self.ca_file
         self.kubeconfig = self.work_dir / "kubeconfig"
         self.kubeconfig.write_text(
             "apiVersion: v1\n"
@@ -286,20 +320,28 @@ class ControlPlane:
                 f"--authorization-kubeconfig={self.kubeconfig}",
                 f"--controllers={','.join(self.controllers)}",
                 "--leader-elect=false",
-                "--bind-address=127.0.0.1",
+                f"--bind-address={self.address}",
                 f"--secure-port={port}",
                 f"--cert-dir={self.work_dir / 'pki-controller-manager'}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--concurrent-job-syncs=10",
                 "--concurrent-gc-syncs=10",
                 "--v=1",
+                *(
+                    (
+                        f"--root-ca-file={self.ca_file}",
+                        f"--service-account-private-key-file={self.pki_dir / 'service-account.key'}",
+                    )
+                    if self.service_account_tokens
+                    else ()
+                ),
                 *self.controller_manager_args,
             ],
         )
         self._wait_until(
             manager,
             "kube-controller-manager /healthz",
-            lambda: self._http_ok(f"https://127.0.0.1:{port}/healthz"),
+            lambda: self._http_ok(f"https://{self.address}:{port}/healthz"),
         )
 
     # -- helpers ------------------------------------------------------------------------------------------
@@ -318,7 +360,7 @@ class ControlPlane:
         except (urllib.error.URLError, OSError):
             return False
 
-    def _wait_until(self, component: _Component, what: str, check: Callable[[], bool]) -> None:
+    def _wait_until(self, component: Component, what: str, check: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.start_timeout_seconds
         while time.monotonic() < deadline:
             code = component.exited()
