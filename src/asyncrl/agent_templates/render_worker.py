@@ -18,7 +18,7 @@ import sys
 from dataclasses import asdict
 from typing import IO, Any
 
-from asyncrl.agent_templates.pod_policy import AgentPodPolicy, check_pod_policy
+from asyncrl.agent_templates.pod_policy import AgentPodPolicy, check_pod_policy, with_restricted_defaults
 from asyncrl.agent_templates.render import DEFAULT_LIMITS, RenderLimits, TemplateError, render_job
 
 
@@ -30,9 +30,12 @@ def render_agent_job(
     sample: bool = False,
     limits: RenderLimits = DEFAULT_LIMITS,
 ) -> dict[str, Any]:
-    """What a worker computes: the rendered Job, structurally checked, allowed by `policy`."""
+    """What a worker computes: the rendered Job, structurally checked, allowed by `policy` (and, under the
+    restricted policy, with Pod Security "restricted"'s fields filled in where the template left them)."""
     job = render_job(source, variables, limits=limits, sample=sample)
     check_pod_policy(job, policy)
+    if policy is AgentPodPolicy.RESTRICTED:
+        return with_restricted_defaults(job)
     return job
 
 
