@@ -4,14 +4,18 @@ What the build files must say, checked without building: hadolint (a dev depende
 interpreter) reports nothing; the base is the build argument BASE_IMAGE, used by every FROM, whose default
 is an explicit tag (scripts/provision-images.sh passes a base made here); each final stage runs as a
 numeric non-root user and starts the right `asyncrl` subcommand on the ports the operator uses; the
-trainers' pins agree with pyproject.toml; and each .dockerignore keeps .venv and .git out of the build
-context while admitting every file its Dockerfile copies. test_built_images.py checks the built images.
+trainers' pins agree with pyproject.toml; each .dockerignore keeps .venv and .git out of the build
+context while admitting every file its Dockerfile copies; and in the images scripts/provision-images.sh
+builds, the layer of dependencies sees nothing of the project's code (src/, examples/, README.md: it is the
+same layer, by digest, after a change to them), and the project goes on top of it from a wheel, without
+dependencies. test_built_images.py checks the built images.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -407,15 +411,22 @@ def test_cpu_trainer_image_installs_the_trainer_extra_under_the_same_pins() -> N
     dockerfile = REPO / IMAGES["trainer-cpu"].dockerfile
     text = dockerfile.read_text()
     assert "[gpu" not in text, "the CPU image has no vLLM (the gpu extra)"
-    assert "COPY trainer_image/constraints.txt" in text
-    installs = [
-        instruction.args
-        for instruction in instructions(dockerfile)
-        if instruction.keyword == "RUN" and "pip install" in instruction.args
-    ]
-    assert any(
-        "--constraint trainer_image/constraints.txt" in args and '".[trainer]"' in args for args in installs
-    ), installs
+    # The requirements are the trainer extra's (test_requirements_are_pyprojects_dependencies), installed
+    # under trainer_image/constraints.txt, copied into the stage that installs them.
+    index, position = dependency_install(dockerfile)
+    stage = named_stages(dockerfile)[index]
+    copies = {
+        tuple(words[:-1]): words[-1]
+        for instruction in stage.instructions[:position]
+        if instruction.keyword == "COPY" and "--from" not in instruction.args
+        for words in [instruction.args.split()]
+    }
+    destination = copies.get(("trainer_image/constraints.txt",))
+    assert destination is not None, f"{stage.name}: trainer_image/constraints.txt is not copied in {copies}"
+    expected = destination + "constraints.txt" if destination.endswith("/") else destination
+    words = stage.instructions[position].args.split()
+    assert "--constraint" in words, stage.instructions[position].args
+    assert words[words.index("--constraint") + 1] == expected
 
 
 def test_cpu_trainer_image_holds_the_examples_package_in_its_working_directory() -> None:
@@ -462,6 +473,184 @@ def test_trainer_image_caches_are_writable_paths(name: str) -> None:
         assert env.get(key, "").startswith("/tmp/"), f"{key} should point under /tmp, not {env.get(key)}"
     # The checkpoint directory the operator mounts exists, for runs without that volume.
     assert children.CHECKPOINT_DIR in (REPO / IMAGES[name].dockerfile).read_text()
+
+
+# --- the layer of dependencies ----------------------------------------------------------------------------
+
+# The images scripts/provision-images.sh builds on every change to the code, and the extras each installs.
+DEPENDENCY_EXTRAS = {"operator": (), "gateway": (), "trainer-cpu": ("trainer",)}
+layered_names = pytest.mark.parametrize("name", sorted(DEPENDENCY_EXTRAS))
+# What changes with nearly every commit: the dependency install may see none of it (not even through an
+# earlier stage), so that its layer, gigabytes in the CPU trainer image, is the same one by digest after
+# such a change: the build cache, `docker save`'s tarball and a node's containerd all keep it.
+CODE_SOURCES = ("src", "examples", "README.md")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str | None
+    # The index of the earlier stage its FROM names, or None when it starts from an image.
+    parent: int | None
+    instructions: list[Instruction]
+
+
+def named_stages(path: Path) -> list[Stage]:
+    result: list[Stage] = []
+    for stage in stages(path):
+        reference, name = from_image(stage[0])
+        result.append(Stage(name, stage_index(result, reference), stage[1:]))
+    return result
+
+
+def stage_index(earlier: list[Stage], reference: str) -> int | None:
+    """The index of the earlier stage `reference` (a FROM's image or a COPY's --from) names, if it does."""
+    if reference.isdigit():
+        assert int(reference) < len(earlier), f"stage {reference} is not an earlier stage"
+        return int(reference)
+    for index, stage in enumerate(earlier):
+        if stage.name is not None and stage.name.lower() == reference.lower():
+            return index
+    return None
+
+
+def stage_inputs(all_stages: list[Stage], index: int, upto: int | None = None) -> set[str]:
+    """The context paths the layers of stage `index` depend on, up to instruction `upto` (included; all
+    when None): what its COPY/ADD take from the context, and all the inputs of the stages it is built on
+    (FROM) or copies from (--from)."""
+    stage = all_stages[index]
+    sources = set() if stage.parent is None else stage_inputs(all_stages, stage.parent)
+    for instruction in stage.instructions[: None if upto is None else upto + 1]:
+        if instruction.keyword not in ("COPY", "ADD"):
+            continue
+        words = instruction.args.split()
+        source_stage = next((word.split("=", 1)[1] for word in words if word.startswith("--from=")), None)
+        if source_stage is None:
+            sources.update(word for word in words[:-1] if not word.startswith("--"))
+            continue
+        other = stage_index(all_stages[:index], source_stage)
+        if other is not None:  # (not another image)
+            sources |= stage_inputs(all_stages, other)
+    return sources
+
+
+def is_dependency_install(instruction: Instruction) -> bool:
+    args = instruction.args
+    return instruction.keyword == "RUN" and "pip install" in args and "--no-deps" not in args
+
+
+def dependency_install(path: Path) -> tuple[int, int]:
+    """(stage, instruction) of the one RUN that installs the dependencies (a `pip install` without
+    --no-deps)."""
+    found = [
+        (index, position)
+        for index, stage in enumerate(named_stages(path))
+        for position, instruction in enumerate(stage.instructions)
+        if is_dependency_install(instruction)
+    ]
+    assert len(found) == 1, f"{path}: {len(found)} dependency installs, not one"
+    return found[0]
+
+
+def under(path: str, top: str) -> bool:
+    path = path.removeprefix("./").rstrip("/")
+    return path == top or path.startswith(f"{top}/")
+
+
+@layered_names
+def test_dependency_install_sees_no_code(name: str) -> None:
+    dockerfile = REPO / IMAGES[name].dockerfile
+    all_stages = named_stages(dockerfile)
+    index, position = dependency_install(dockerfile)
+    seen = stage_inputs(all_stages, index, position)
+    code = sorted(path for path in seen for top in CODE_SOURCES if under(path, top))
+    assert not code, (
+        f"{IMAGES[name].dockerfile}: the dependency install (stage {all_stages[index].name or index}) "
+        f"depends on {code}: a change to them would rebuild the layer of dependencies"
+    )
+    # It does see what decides the dependencies: pyproject.toml (through the stage that reads it).
+    assert "pyproject.toml" in seen
+
+
+@layered_names
+def test_project_is_installed_from_a_wheel_on_top_of_the_dependencies(name: str) -> None:
+    dockerfile = REPO / IMAGES[name].dockerfile
+    all_stages = named_stages(dockerfile)
+    deps_index, _ = dependency_install(dockerfile)
+    # The final image is built on the stage that installed the dependencies (FROM, not a copy of them).
+    chain: list[int] = []
+    current: int | None = len(all_stages) - 1
+    while current is not None:
+        chain.append(current)
+        current = all_stages[current].parent
+    assert deps_index in chain[1:], f"the final stage is not built on stage {all_stages[deps_index].name}"
+    final = all_stages[-1]
+    installs = [i for i in final.instructions if i.keyword == "RUN" and "pip install" in i.args]
+    assert len(installs) == 1, installs
+    (install,) = installs
+    assert "--no-deps" in install.args.split(), install.args
+    assert ".whl" in install.args, install.args
+    # The wheel comes from a stage built from the code; the examples (the CPU trainer's) are copied first,
+    # so that a change to src/ leaves their layer as it was.
+    copies = [i for i in final.instructions if i.keyword == "COPY"]
+    wheel_copy = next(i for i in copies if "--from=" in i.args)
+    source = stage_index(all_stages, wheel_copy.args.split()[0].split("=", 1)[1])
+    assert source is not None
+    assert "src" in stage_inputs(all_stages, source)
+    position = final.instructions.index
+    assert position(wheel_copy) < position(install)
+    for copy in copies:
+        if copy is not wheel_copy:
+            assert position(copy) < position(wheel_copy), f"line {copy.line}: COPY after the project's wheel"
+
+
+@layered_names
+def test_requirements_are_pyprojects_dependencies(name: str, tmp_path: Path) -> None:
+    # The stage that reads pyproject.toml writes the requirements the dependency install takes: run its
+    # command here on the repository's pyproject.toml and compare.
+    dockerfile = REPO / IMAGES[name].dockerfile
+    runs = [
+        instruction
+        for stage in named_stages(dockerfile)
+        for instruction in stage.instructions
+        if instruction.keyword == "RUN" and "tomllib" in instruction.args
+    ]
+    assert len(runs) == 1, runs
+    words = shlex.split(runs[0].args)
+    assert words[:2] == ["python", "-c"], words
+    code = words[2]
+    assert code.count('"/requirements.txt"') == 1, code
+    written = tmp_path / "requirements.txt"
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    subprocess.run(
+        [sys.executable, "-c", code.replace('"/requirements.txt"', repr(str(written)))],
+        cwd=tmp_path,
+        check=True,
+        timeout=60,
+    )
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    expected = list(project["dependencies"])
+    for extra in DEPENDENCY_EXTRAS[name]:
+        expected += project["optional-dependencies"][extra]
+    assert written.read_text().splitlines() == expected
+
+
+def test_dependency_layer_checks_see_through_stages(tmp_path: Path) -> None:
+    # The checks above follow FROM and COPY --from: a stage that copies src/ taints what is built on it.
+    dockerfile_text = (
+        "ARG BASE_IMAGE=python:3.11-slim\n"
+        "FROM ${BASE_IMAGE} AS code\nCOPY src ./src\n"
+        "FROM ${BASE_IMAGE} AS deps\nCOPY --from=code /src /src\nRUN pip install -r /src/r.txt\n"
+        "FROM deps\nCOPY examples ./examples\n"
+    )
+    path = tmp_path / "Dockerfile"
+    path.write_text(dockerfile_text)
+    all_stages = named_stages(path)
+    assert [stage.parent for stage in all_stages] == [None, None, 1]
+    assert dependency_install(path) == (1, 1)
+    assert stage_inputs(all_stages, 1, 0) == {"src"}
+    assert stage_inputs(all_stages, 2) == {"src", "examples"}
+    assert under("./src/asyncrl/cli.py", "src")
+    assert not under("srcs", "src")
 
 
 def _ignore_files(name: str) -> list[Path]:
