@@ -84,8 +84,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
     added_policy=1
   fi
   status=0
-  { DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq \
+      && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
          "${missing[@]}"; } >&2 || status=$?
   [ -z "$added_policy" ] || rm -f /usr/sbin/policy-rc.d
   [ "$status" -eq 0 ] || die "apt-get install ${missing[*]} failed (see above)"
