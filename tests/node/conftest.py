@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from asyncrl.testing.controlplane import images_dir
 from asyncrl.testing.node import NodeCluster, NodeClusterError, missing_prerequisites
 from asyncrl.testing.waiting import wait_for
 from tests.support.kube import kubectl_run
@@ -71,8 +72,7 @@ def busybox(node_cluster: NodeCluster) -> str:
 def operator_image(node_cluster: NodeCluster) -> str:
     """The operator image (Python and the kubernetes client) from scripts/provision-images.sh, imported into
     the node once; skipped where it has not been built."""
-    cache = Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
-    tarball = cache / "images" / "operator.tar"
+    tarball = images_dir() / "operator.tar"
     if not tarball.is_file():
         pytest.skip(
             f"the operator image is not built ({tarball} is missing): run scripts/provision-images.sh"

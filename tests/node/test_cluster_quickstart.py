@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from asyncrl.launch.processes import free_port
-from asyncrl.testing.controlplane import default_bin_dir
+from asyncrl.testing.controlplane import default_bin_dir, images_dir
 from asyncrl.testing.node import NodeCluster
 from asyncrl.testing.waiting import wait_for
 from asyncrl.workloads import names
@@ -48,11 +48,6 @@ SYSTEM_NAMESPACE = "asyncrl-system"
 RELEASE = "asyncrl-operator"
 # Two cores run the node, the control plane, the trainer and up to 32 agent pods: a generous bound.
 RUN_TIMEOUT = 1200.0
-
-
-def images_dir() -> Path:
-    cache = Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
-    return cache / "images"
 
 
 @dataclass

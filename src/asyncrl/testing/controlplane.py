@@ -54,12 +54,22 @@ class ControlPlaneError(RuntimeError):
     """The control plane could not be provisioned or started; the message says which part and why."""
 
 
+def cache_root() -> Path:
+    """The cache every scripts/provision-*.sh writes to (`ASYNCRL_CACHE_DIR`, default ~/.cache/asyncrl)."""
+    return Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
+
+
+def images_dir() -> Path:
+    """Where `scripts/provision-images.sh` saves the project's image tarballs."""
+    return cache_root() / "images"
+
+
 def default_bin_dir() -> Path:
     """Where `scripts/provision-k8s.sh` puts the binaries, honouring the same environment variables."""
     explicit = os.environ.get("ASYNCRL_K8S_BIN_DIR")
     if explicit:
         return Path(explicit)
-    cache = Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
+    cache = cache_root()
     version = os.environ.get("ASYNCRL_K8S_VERSION", DEFAULT_K8S_VERSION).removeprefix("v")
     return cache / "k8s" / f"v{version}" / "bin"
 

@@ -50,6 +50,7 @@ from asyncrl.testing.controlplane import (
     Component,
     ControlPlane,
     ControlPlaneError,
+    cache_root,
     log_tail,
 )
 from asyncrl.testing.imagestore import ImageStore
@@ -92,8 +93,7 @@ def default_env_file() -> Path:
     explicit = os.environ.get("ASYNCRL_NODE_ENV")
     if explicit:
         return Path(explicit)
-    cache = Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
-    return cache / "node" / "node.env"
+    return cache_root() / "node" / "node.env"
 
 
 @dataclass(frozen=True)
