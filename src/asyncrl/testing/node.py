@@ -377,15 +377,16 @@ class NodeCluster:
         """Stop and remove every pod sandbox through the CRI: the CNI plugins release their addresses and
         containerd unmounts the pods' namespaces and root filesystems."""
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            done = subprocess.run(
-                [*self.crictl(), "rmp", "--all", "--force"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            if done.returncode != 0:
-                logger.warning("crictl rmp --all --force: %s", done.stderr.strip())
+            self._crictl_or_warn("rmp", "--all", "--force", timeout=60)
+
+    def _crictl_or_warn(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """crictl with `args`; a failure is logged with crictl's words and returned, not raised."""
+        done = subprocess.run(
+            [*self.crictl(), *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if done.returncode != 0:
+            logger.warning("crictl %s: %s", " ".join(args), done.stderr.strip())
+        return done
 
     def describe_failure(self) -> str:
         """The tail of every component's log (control plane and node), for a failed start or test."""
@@ -445,25 +446,14 @@ class NodeCluster:
         """Remove the images no name points at any more (the previous build of a re-imported tag): the CRI
         keeps each one by its ID, and with image garbage collection off they would fill the disk. Returns
         the IDs removed."""
-        listing = subprocess.run(
-            [*self.crictl(), "images", "--output=json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        listing = self._crictl_or_warn("images", "--output=json", timeout=120)
         if listing.returncode != 0:
-            logger.warning("crictl images: %s", listing.stderr.strip())
             return []
         untagged = [
             image["id"] for image in json.loads(listing.stdout)["images"] if not image.get("repoTags")
         ]
         for image_id in untagged:
-            removed = subprocess.run(
-                [*self.crictl(), "rmi", image_id], capture_output=True, text=True, timeout=300, check=False
-            )
-            if removed.returncode != 0:
-                logger.warning("crictl rmi %s: %s", image_id, removed.stderr.strip())
+            self._crictl_or_warn("rmi", image_id, timeout=300)
         if untagged:
             logger.info("removed %d untagged images", len(untagged))
         return untagged
