@@ -65,6 +65,11 @@ def _closed_by_server(conn: socket.socket, *, trickle: bytes = b"") -> bool:
 def _get(conn: socket.socket, path: str, *, token: str | None = None) -> bytes:
     auth = f"authorization: Bearer {token}\r\n" if token else ""
     conn.sendall(f"GET {path} HTTP/1.1\r\nhost: gateway\r\n{auth}\r\n".encode())
+    return _response_head(conn)
+
+
+def _response_head(conn: socket.socket) -> bytes:
+    """Read one whole response (head and body) from the connection; return its head."""
     received = b""
     while b"\r\n\r\n" not in received:
         received += conn.recv(65536)
@@ -144,4 +149,117 @@ def test_with_the_cap_reached_by_idle_unauthenticated_connections_the_trainers_c
     finally:
         for conn in idle:
             conn.close()
+        gateway.process.stop()
+
+
+def _answer_until_closed(conn: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (or the deadline)."""
+    conn.settimeout(DEADLINE_SECONDS)
+    received = b""
+    try:
+        while chunk := conn.recv(65536):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return received
+
+
+@pytest.mark.parametrize(
+    ("name", "size"), [("x-padding", 70_000), ("x-padding", 120_000), ("authorization", 70_000)]
+)
+def test_headers_past_the_limit_sent_in_one_write_get_431(
+    strict: RunningGateway, name: str, size: int
+) -> None:
+    """The 64 KiB limit holds when the whole head arrives in one read (issue 37 item 2: 70 KB and 120 KB got
+    200 from /healthz, and a 70 KB Authorization header was checked, because the read that completed the
+    headers was not counted)."""
+    value = ("Bearer " if name == "authorization" else "") + "a" * size
+    with _connect(strict) as conn:
+        conn.sendall(f"GET /api/stats HTTP/1.1\r\nhost: gateway\r\n{name}: {value}\r\n\r\n".encode())
+        answer = _answer_until_closed(conn)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    metrics = httpx.get(strict.url + "/metrics").text
+    assert 'asyncrl_gateway_connections_closed_total{reason="header_too_large"}' in metrics
+
+
+def test_headers_within_the_limit_with_a_large_body_in_one_write_are_served(strict: RunningGateway) -> None:
+    """The count stops at the end of the headers: a 60 KB head and a 1 MB body sent together are a request,
+    not 431, and so is a head within the limit on a connection reused after a response."""
+    body = b'{"pad": "' + b"b" * 1_000_000 + b'"}'
+    head = (
+        f"POST /api/rollouts HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {KEY}\r\n"
+        f"x-padding: {'a' * 60_000}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with _connect(strict) as conn:
+        conn.sendall(head.encode() + body)
+        answer = _response_head(conn)
+        assert answer.startswith(b"HTTP/1.1 422"), answer[:200]  # read and parsed: not a rollout list
+        assert _get(conn, "/api/stats", token=KEY).startswith(b"HTTP/1.1 200")
+
+
+def test_calls_held_up_to_the_cap_leave_the_trainers_resume_a_connection_and_others_get_429(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """Issue 37 item 3: with `--max-connections 16` and a pause, 16 held model calls filled the cap; the next
+    agents' connections were reset, and the trainer's resume on a new connection was reset too, so the
+    gateway stayed paused until its lease ran out. Now the resume is served, the agents beyond the cap get
+    429 with Retry-After, and every held call is answered once resumed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.gateway.conftest import create_rollouts
+
+    gateway = launch_gateway([upstream_url], tmp_path, "--max-connections=16")
+    rollouts = [f"r{index}" for index in range(4)]
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        with gateway.management() as admin:
+            create_rollouts(admin, *rollouts)
+            for rollout_id in rollouts:
+                transition = {"state": "running", "attempt_id": "a1"}
+                assert (
+                    admin.post(f"/api/rollouts/{rollout_id}/transition", json=transition).status_code == 200
+                )
+            assert (
+                admin.post("/proxy/pause", json={"reason": "update", "lease_seconds": 300}).status_code == 200
+            )
+
+        def call(rollout_id: str) -> int:
+            """A polite agent's call: refused for the cap (a look at the state may still hold a slot as it
+            arrives), it waits the Retry-After and calls again."""
+            while True:
+                with gateway.agent(rollout_id) as agent:
+                    answer = agent.post(gateway.proxy_path(rollout_id), json=chat)
+                if answer.status_code != 429:
+                    return answer.status_code
+                time.sleep(float(answer.headers["retry-after"]))
+
+        def wait_until_held(count: int) -> None:
+            deadline = time.monotonic() + DEADLINE_SECONDS
+            while True:  # a connection of its own for each look, closed before the next
+                with gateway.management() as admin:
+                    if admin.get("/proxy/state").json()["held"] == count:
+                        return
+                assert time.monotonic() < deadline, f"{count} calls were never held"
+                time.sleep(0.1)
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            # 15 first, so that the look at the state and the calls fit the cap; then the 16th fills it.
+            held = [pool.submit(call, rollouts[index % 4]) for index in range(15)]
+            wait_until_held(15)
+            held.append(pool.submit(call, rollouts[3]))
+            wait_until_held(16)  # this look comes above the cap: the gateway key's is served
+            # Beyond the cap: another agent's call is refused readably, on a new connection each.
+            for rollout_id in rollouts:
+                with gateway.agent(rollout_id) as agent:
+                    refused = agent.post(gateway.proxy_path(rollout_id), json=chat)
+                assert refused.status_code == 429, refused.text
+                assert refused.json()["setting"] == "--max-connections"
+                assert float(refused.headers["retry-after"]) > 0
+            # The trainer's resume, on a new connection, is served at once, far inside the lease.
+            with gateway.management() as admin:
+                assert admin.post("/proxy/resume", json={"model_version": 1}).status_code == 200
+            assert [future.result(timeout=DEADLINE_SECONDS) for future in held] == [200] * 16
+        with gateway.agent(rollouts[0]) as agent:  # the cap is free again: agents are served as before
+            assert agent.post(gateway.proxy_path(rollouts[0]), json=chat).status_code == 200
+    finally:
         gateway.process.stop()

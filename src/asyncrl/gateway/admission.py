@@ -35,6 +35,7 @@ import msgspec
 from asyncrl.gateway.access import Caller, Needs, RouteAccess
 from asyncrl.gateway.auth import identify
 from asyncrl.gateway.budgets import VALUE_COST_BYTES, AgentBudgets, OverBudget, json_values
+from asyncrl.gateway.connections import record_caller
 from asyncrl.gateway.pause_state import header_seconds
 
 Message = MutableMapping[str, Any]
@@ -182,6 +183,31 @@ async def _read_chunks(receive: Receive, limit: BodyLimit) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+# -- the connection cap ---------------------------------------------------------------------------------
+
+# How long a caller refused for the connection cap waits: held calls end with the next resume (seconds).
+CAPACITY_RETRY_AFTER_SECONDS = 1.0
+
+
+def admit_connection(scope: MutableMapping[str, Any], caller: Caller) -> None:
+    """Record the caller on its connection; 429 + Retry-After (and the connection closed) when the connection
+    came above the cap (every slot in a request or the key's) and the caller is not the gateway key."""
+    if record_caller(scope, caller):
+        return
+    raise Refused(
+        429,
+        "the gateway is at its connection cap: every connection is in a request (calls held through a "
+        "pause count); retry after the Retry-After",
+        rejection_reason="connection_cap",
+        headers={
+            "retry-after": header_seconds(CAPACITY_RETRY_AFTER_SECONDS),
+            "retry-after-ms": str(round(CAPACITY_RETRY_AFTER_SECONDS * 1000)),
+            **_CLOSE,
+        },
+        setting="--max-connections",
+    )
+
+
 # -- each agent's share ---------------------------------------------------------------------------------
 
 _BUDGET_SETTINGS = {"requests": "--agent-max-requests", "bytes": "--agent-bytes-per-second"}
@@ -239,17 +265,23 @@ async def read_charged_body(
     declared = declared_size(declared_length)
     if declared is not None and declared > limit.limit_bytes:
         raise too_large(limit)
+    charged = 0  # taken before the body was read; refunded if the request is refused after all
     try:
         if rollout_id is not None and declared is not None:
             budgets.charge(rollout_id, declared)
+            charged = declared
         body = await read_body(
             receive, limit=limit, declared_length=declared_length, timeout_seconds=timeout_seconds
         )
         if rollout_id is not None:
             values_cost = VALUE_COST_BYTES * json_values(body) if body else 0
-            budgets.charge(rollout_id, values_cost + (len(body) if declared is None else 0))
+            budgets.charge_all(rollout_id, charged, values_cost + (len(body) if declared is None else 0))
     except OverBudget as error:
         raise over_budget(error) from None
+    except BaseException:
+        if charged:  # the body never came (timeout, too large, client gone): nothing was used
+            budgets.refund(rollout_id, charged)  # type: ignore[arg-type]
+        raise
     return body
 
 

@@ -13,6 +13,7 @@ from asyncrl.gateway.admission import (
     PARSED_BODY_SCOPE_KEY,
     ClientGone,
     Refused,
+    admit_connection,
     authorize,
     body_limit,
     enter_share,
@@ -23,7 +24,6 @@ from asyncrl.gateway.admission import (
 from asyncrl.gateway.api import build_api
 from asyncrl.gateway.budgets import AgentBudgets
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.connections import record_caller
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause_state import PauseState
 from asyncrl.gateway.proxy import ProxyHandler, Receive, Scope, Send, send_json
@@ -66,7 +66,7 @@ class Gateway:
         agent: str | None = None  # the rollout whose agent token is calling: its share is charged
         try:
             caller = authorize(self.key, authorization, access)
-            record_caller(scope, caller)
+            admit_connection(scope, caller)
             if caller is Caller.AGENT:
                 agent = access.rollout_id
             enter_share(self.budgets, agent)

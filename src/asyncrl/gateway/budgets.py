@@ -106,6 +106,30 @@ class AgentBudgets:
             raise OverBudget("bytes", max(MIN_RETRY_AFTER_SECONDS, math.ceil(missing / rate * 1000) / 1000))
         share.bytes_left -= size
 
+    def refund(self, rollout_id: str, size: int) -> None:
+        """Give back `size` bytes taken by `charge` for a request that was refused after all: a refused
+        request costs nothing (the bucket never holds more than `burst_bytes`)."""
+        share = self._shares.get(rollout_id)
+        if share is not None:
+            share.bytes_left = min(float(self.budget.burst_bytes), share.bytes_left + size)
+
+    def charge_all(self, rollout_id: str, charged: int, size: int) -> None:
+        """Take `size` more bytes for a request that already paid `charged` (its declared length); when the
+        bucket cannot pay, refund `charged` and raise OverBudget whose Retry-After is when the whole request
+        (`charged + size`) will be paid for: retried then, the same request is admitted."""
+        try:
+            self.charge(rollout_id, size)
+            return
+        except OverBudget as error:
+            if not charged:
+                raise
+            self.refund(rollout_id, charged)
+            if error.budget != "bytes":
+                raise
+        # The whole request at once: admitted if the bucket holds it by now, else the wait for all of it (or
+        # 413 when the whole is more than the bucket ever holds, which the two parts alone did not show).
+        self.charge(rollout_id, charged + size)
+
     def tracked(self) -> int:
         """How many agent tokens have state kept (in flight, or a bucket still refilling)."""
         return len(self._shares)

@@ -21,9 +21,13 @@ that is not in a request and has not shown the gateway key: the one with the lea
 then the one idle longest. Connections of the gateway key (the trainer, the operator) are never closed for
 room, and neither is any connection in the middle of a request, so an unauthenticated client can hold no
 slot the trainer needs: it cannot be in a request (admission answers it before its body), and waiting for
-headers or idling is what gets closed first. Only when every open connection is in a request or holds the
-key is the new connection itself closed. The cap is kept below the process's file-descriptor limit (half of
-it: each proxied call also holds an upstream connection), so the accept loop never meets EMFILE.
+headers or idling is what gets closed first. When every open connection is in a request or holds the key
+(agents' calls held through a pause can fill the cap), the new connection is kept in a small reserve
+(`KEY_RESERVE_CONNECTIONS` above the cap) until its credential is known: the gateway key's request is
+served (the trainer's resume always gets through), anyone else's is answered 429 with Retry-After and the
+connection closed (`admission.admit_connection`), never a bare reset. Only past the reserve is a new
+connection closed at once. The cap is kept below the process's file-descriptor limit (half of it: each
+proxied call also holds an upstream connection), so the accept loop never meets EMFILE.
 
 The caller is learned per request (`access.Caller`); admission records it on the connection through the scope.
 Implemented as a subclass of uvicorn's httptools protocol (the server's `http` setting), the one uvicorn
@@ -49,6 +53,9 @@ logger = logging.getLogger(__name__)
 CONNECTION_SCOPE_KEY = "asyncrl.connection"
 # File descriptors kept outside the cap's share: the listening socket, logs, the key file, DNS, Python.
 RESERVED_FILE_DESCRIPTORS = 64
+# Connections allowed above the cap, each only until its request shows a credential: the gateway key's is
+# served, another's gets 429. One descriptor each (no upstream), inside RESERVED_FILE_DESCRIPTORS.
+KEY_RESERVE_CONNECTIONS = 16
 
 
 class ConnectionLimits(BaseModel):
@@ -98,11 +105,27 @@ def connection_cap(requested: int, file_descriptor_limit: int) -> int:
     return max(1, min(requested, (file_descriptor_limit - RESERVED_FILE_DESCRIPTORS) // 2))
 
 
-def record_caller(scope: MutableMapping[str, Any], caller: Caller) -> None:
-    """Tell the request's connection who its caller proved to be (admission calls this after `authorize`)."""
-    connection = scope.get(CONNECTION_SCOPE_KEY)
-    if connection is not None:
-        connection.proved(caller)
+def record_caller(scope: MutableMapping[str, Any], caller: Caller) -> bool:
+    """Tell the request's connection who its caller proved to be (admission calls this after `authorize`).
+    False: the connection is in the reserve above the cap and the caller is not the gateway key, so the
+    request must be refused for capacity."""
+    connection: GuardedProtocol | None = scope.get(CONNECTION_SCOPE_KEY)
+    if connection is None:
+        return True
+    connection.proved(caller)
+    return connection.admitted()
+
+
+def header_part(data: bytes, tail: bytes) -> int:
+    """How many bytes of `data` belong to a request's headers, given the last bytes already received of
+    them (`tail`): up to the end of the headers (a blank line, CRLF or a bare LF) when it is in `data`,
+    else all of it. Counted before the parser sees the bytes, so one write of headers and body together is
+    limited too."""
+    joined = tail + data
+    ends = [i + len(mark) for mark in (b"\r\n\r\n", b"\n\n") if (i := joined.find(mark)) >= 0]
+    if not ends:
+        return len(data)
+    return max(0, min(ends) - len(tail))
 
 
 @dataclass(frozen=True)
@@ -126,8 +149,10 @@ class GuardedProtocol(HttpToolsProtocol):
     guard: ClassVar[ConnectionGuard]
 
     caller = Caller.ANYONE
+    in_reserve = False  # opened above the cap: only the gateway key's request is served on it
     _phase = _Phase.HEADERS
     _header_bytes = 0
+    _header_tail = b""  # the last bytes of the headers so far: an end of headers may span two reads
     _deadline: asyncio.TimerHandle | None = None
     _last_active = 0.0
 
@@ -144,11 +169,15 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_active = self.loop.time()
-        super().data_received(data)
-        if self._phase is _Phase.HEADERS and not self.transport.is_closing():  # headers still incomplete
-            self._header_bytes += len(data)
+        if self._phase is _Phase.IDLE:  # a new request's first bytes: its headers start here
+            self._start_headers()
+        if self._phase is _Phase.HEADERS:  # headers not yet complete: count them before they are parsed
+            self._header_bytes += header_part(data, self._header_tail)
+            self._header_tail = data[-3:]
             if self._header_bytes > self.guard.limits.max_header_bytes:
                 self._refuse_headers()
+                return
+        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -176,11 +205,21 @@ class GuardedProtocol(HttpToolsProtocol):
     def proved(self, caller: Caller) -> None:
         self.caller = max(self.caller, caller)
 
+    def admitted(self) -> bool:
+        """Whether this connection's request may be served: always within the cap; in the reserve, only
+        for the gateway key, or once the open connections are back within the cap."""
+        if self.in_reserve and (
+            self.caller is Caller.KEY or self._open_connections() <= self.guard.max_connections
+        ):
+            self.in_reserve = False
+        return not self.in_reserve
+
     # -- deadlines ------------------------------------------------------------------------------------------
 
     def _start_headers(self) -> None:
         self._phase = _Phase.HEADERS
         self._header_bytes = 0
+        self._header_tail = b""
         self._last_active = self.loop.time()
         self._arm(self.guard.limits.header_timeout_seconds, CloseReason.HEADER_TIMEOUT)
 
@@ -216,7 +255,8 @@ class GuardedProtocol(HttpToolsProtocol):
         return sum(1 for other in self.connections if not other.transport.is_closing())
 
     def _make_room(self) -> None:
-        """Close the least proven, longest idle connection not in a request nor the key's; else this one."""
+        """Close the least proven, longest idle connection not in a request nor the key's; else keep this
+        one in the reserve, or close it when the reserve is full too."""
         victim: GuardedProtocol | None = None
         for other in self.connections:
             if other is self or not isinstance(other, GuardedProtocol) or other.transport.is_closing():
@@ -225,7 +265,12 @@ class GuardedProtocol(HttpToolsProtocol):
                 continue
             if victim is None or (other.caller, other._last_active) < (victim.caller, victim._last_active):
                 victim = other
-        (victim or self)._close(CloseReason.ROOM if victim is not None else CloseReason.FULL)
+        if victim is not None:
+            victim._close(CloseReason.ROOM)
+        elif self._open_connections() <= self.guard.max_connections + KEY_RESERVE_CONNECTIONS:
+            self.in_reserve = True
+        else:
+            self._close(CloseReason.FULL)
 
 
 def guarded_protocol(

@@ -32,6 +32,7 @@ from asyncrl.gateway.admission import (
     BodyLimit,
     ClientGone,
     Refused,
+    admit_connection,
     authorize,
     enter_share,
     parse_json,
@@ -40,7 +41,6 @@ from asyncrl.gateway.admission import (
 from asyncrl.gateway.budgets import AgentBudgets
 from asyncrl.gateway.capture import capture_call, request_overrides
 from asyncrl.gateway.config import GatewayConfig
-from asyncrl.gateway.connections import record_caller
 from asyncrl.gateway.held_calls import HeldCalls
 from asyncrl.gateway.metrics import GatewayMetrics
 from asyncrl.gateway.pause_policy import pause_policy
@@ -185,7 +185,7 @@ class ProxyHandler:
         headers = _headers(scope)
         access = route_access(scope["method"], scope["path"])  # the gateway key or this rollout's token
         caller = authorize(self.key, headers.get("authorization"), access)
-        record_caller(scope, caller)
+        admit_connection(scope, caller)
         self._check_rollout(rollout_id, attempt_id)
         agent = rollout_id if caller is Caller.AGENT else None  # the gateway key's calls have no budget
         enter_share(self.budgets, agent)

@@ -373,6 +373,13 @@ def run(args: argparse.Namespace) -> int:
             config.connections.max_connections,
             max_connections,
         )
+    if config.run.max_held_calls > max_connections:
+        logger.info(
+            "gateway: up to %d calls may be held through a pause but %d connections are open at once; "
+            "past the connection cap agents get 429 with Retry-After (the gateway key is always served)",
+            config.run.max_held_calls,
+            max_connections,
+        )
     protocol = guarded_protocol(
         config.connections,
         max_connections=max_connections,
