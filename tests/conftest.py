@@ -26,6 +26,22 @@ TEST_IMAGES = {
 }
 
 
+# With pytest-xdist (`make pytest` runs two workers, `--dist loadgroup`), each worker starts its own control
+# plane and pod runner (free loopback ports, temporary directories). What exists once per machine runs on one
+# worker, in one group: the real node (its network namespace, addresses and records under /run/asyncrl-node;
+# a second cluster would remove the first as a leftover) and the real vLLM (one server for the package,
+# gigabytes of memory and both cores while it serves).
+_ONE_PER_MACHINE = {"node": "node", "vllm": "vllm"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker, group in _ONE_PER_MACHINE.items():
+            if item.get_closest_marker(marker) is not None or f"/tests/{marker}/" in str(item.path):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with running_control_plane(tmp_path_factory.mktemp("control-plane")) as plane:
