@@ -246,6 +246,8 @@ def test_a_run_whose_agents_always_crash_fails_after_max_failed_steps_without_re
     assert int(failed_column[-1]) >= 8, output  # 2 steps x 2 groups x 2 samples, at least
     assert re.search(r"  rollouts: \d+ ended: 0 succeeded, \d+ failed", output), output
     assert "restarting it" not in output
+    assert output.count("ERROR asyncrl.local.agents the agent of rollout") == 1, output  # the first, once
+    assert "failed: exited with 3; its log ends: (empty: " in output, output
     assert [row["step"] for row in _metrics(tmp_path)] == [0, 1]
     assert processes_of_run(tmp_path / "work") == []
 
@@ -274,3 +276,84 @@ def test_a_trainer_that_refuses_its_data_path_fails_the_run_with_the_reason_on_t
     assert "run failed: the trainer refused its configuration (exit code 78)" in output
     assert "  steps:    none trained" in output
     assert processes_of_run(tmp_path / "work") == []
+
+
+def _with_template(path: Path, old: str, new: str) -> None:
+    manifest: dict[str, Any] = yaml.safe_load(path.read_text())
+    template = manifest["spec"]["agents"]["template"]["inline"]
+    assert old in template
+    manifest["spec"]["agents"]["template"]["inline"] = template.replace(old, new)
+    path.write_text(yaml.safe_dump(manifest))
+
+
+def _refused_before_start(tmp_path: Path, path: Path) -> str:
+    process = _local_run(tmp_path, path)
+    try:
+        output, _ = process.communicate(timeout=120)
+    finally:
+        kill_what_is_left(process, tmp_path / "work")
+    assert process.returncode == 1, output
+    assert output.rstrip().endswith("nothing was started"), output
+    assert not (tmp_path / "work" / "gateway.log").exists()  # no process of the run was started
+    assert not (tmp_path / "work" / "trainer.log").exists()
+    assert "ERROR" not in output, output
+    return output
+
+
+def test_an_agent_command_that_does_not_exist_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Issue 37 item 5: `validate` said valid (on a cluster the command is in the image), and `local run`
+    exited 79 after 14 s with 72 failed rollouts and the cause nowhere: not on the console, not in any log."""
+    path = _manifest(tmp_path, steps=2, every=100)
+    _with_template(path, '["python", "-m", "examples.toy_agent.agent"]', '["toy-agnet", "--fast"]')
+    output = _refused_before_start(tmp_path, path)
+    assert (
+        f"asyncrl local run: {path}: spec.agents.template: the agent's command 'toy-agnet' is not found on "
+        "the agents' PATH" in output
+    ), output
+
+
+def test_a_template_error_on_every_row_is_refused_before_anything_starts_as_validate_says_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 37 item 5: `validate` caught it, but `local run` started anyway and printed 76 ERROR lines
+    before exiting 79 after 15 s. Now it prints validate's own line, once, and starts nothing."""
+    path = _manifest(tmp_path, steps=2, every=100)
+    _with_template(path, "{{ input | tojson }}", "{{ input.missing_field | tojson }}")
+    validate = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert validate.returncode == 1, validate.stdout
+    problem = validate.stdout.strip().splitlines()[0].removeprefix(f"{path}: ")
+    assert "spec.agents.template" in problem and "missing_field" in problem, validate.stdout
+    output = _refused_before_start(tmp_path, path)
+    assert f"asyncrl local run: {path}: {problem}" in output, output
+    assert output.count("spec.agents.template") == 1, output
+
+
+def test_an_agent_that_cannot_be_started_says_why_on_the_console_and_in_its_log(tmp_path: Path) -> None:
+    """An executable whose interpreter does not exist passes the check (the file is there) but cannot be run:
+    its rollouts fail with the reason on the console, once, and in each agent's log (before: an empty log,
+    and nothing on the console)."""
+    agent = tmp_path / "agent.sh"
+    agent.write_text("#!/nonexistent/interpreter\nexit 0\n")
+    agent.chmod(0o755)
+    path = _manifest(tmp_path, steps=10, every=100)
+    manifest: dict[str, Any] = yaml.safe_load(path.read_text())
+    manifest["spec"]["maxFailedSteps"] = 1
+    path.write_text(yaml.safe_dump(manifest))
+    _with_template(path, '["python", "-m", "examples.toy_agent.agent"]', f'["{agent}"]')
+    process = _local_run(tmp_path, path)
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:
+        kill_what_is_left(process, tmp_path / "work")
+    assert process.returncode == 79, output
+    assert output.count("ERROR asyncrl.local.agents the agent of rollout") == 1, output
+    assert f"failed: cannot start '{agent}': No such file or directory" in output, output
+    logs = [log.read_text() for log in (tmp_path / "work" / "agents").glob("*.log")]
+    assert logs, "no agent log"
+    assert all(f"cannot start '{agent}'" in log for log in logs), logs

@@ -79,6 +79,7 @@ class LocalAgents:
         self.started = 0
         self.stopped = 0  # agents killed by stop_all (the run ending), for the run's report
         self.template_error: str | None = None
+        self.first_failure: str | None = None  # the first agent that failed, and why: shown on the console
         self._tasks: dict[asyncio.Task[None], str | None] = {}  # agent task -> gateway instance it works for
         self._processes: set[asyncio.subprocess.Process] = set()
         self._instance_id: str | None = None
@@ -207,7 +208,7 @@ class LocalAgents:
             with log_path.open("wb") as log:
                 process = await asyncio.create_subprocess_exec(
                     *argv,
-                    env={**os.environ, "PATH": _path_with_this_python(), **agent_env},
+                    env={**os.environ, "PATH": agent_path(agent_env), **agent_env},
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
@@ -233,6 +234,7 @@ class LocalAgents:
                     rollout.rollout_id, RolloutState.SUCCEEDED, None, running_reported=running
                 )
             else:
+                self._failed(rollout.rollout_id, f"exited with {code}; its log ends: {last_line(log_path)}")
                 await self._report_end(
                     rollout.rollout_id,
                     RolloutState.FAILED,
@@ -240,9 +242,11 @@ class LocalAgents:
                     running_reported=running,
                 )
         except OSError as error:
-            await self._report(
-                rollout.rollout_id, RolloutState.FAILED, f"cannot start {argv[0]}: {error.strerror}"
-            )
+            reason = f"cannot start {argv[0]!r}: {error.strerror}"
+            with contextlib.suppress(OSError), log_path.open("a") as log:  # its log says why it is empty
+                log.write(f"asyncrl local run: {reason} (argv {argv})\n")
+            self._failed(rollout.rollout_id, reason)
+            await self._report(rollout.rollout_id, RolloutState.FAILED, reason)
         finally:
             # Whatever ended this task (cancellation, a gateway gone), its agent does not outlive it.
             if process is not None:
@@ -250,6 +254,33 @@ class LocalAgents:
                     _kill_group(process.pid)
                 self._processes.discard(process)
             self.active -= 1
+
+    def _failed(self, rollout_id: str, reason: str) -> None:
+        """Say on the console why the first agent failed (later ones are counted in the summary)."""
+        if self.first_failure is None:
+            self.first_failure = f"rollout {rollout_id}: {reason}"
+            logger.error(
+                "the agent of rollout %s failed: %s (logs in %s; further failures are counted, not shown)",
+                rollout_id,
+                reason,
+                self.log_dir,
+            )
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a log (where a process states why it stopped)."""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, log.seek(0, 2) - 8192))
+            lines = [line.strip() for line in log.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return f"see {path}"
+    return next((line for line in reversed(lines) if line), f"(empty: {path})")
+
+
+def agent_path(agent_env: Mapping[str, str]) -> str:
+    """The PATH an agent process gets: its env's, else this interpreter's directory then this PATH."""
+    return agent_env.get("PATH") or _path_with_this_python()
 
 
 def _path_with_this_python() -> str:

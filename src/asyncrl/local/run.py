@@ -32,7 +32,8 @@ from asyncrl.gateway_api.client import GatewayClient
 from asyncrl.gateway_api.tokens import KEY_ENV_VAR
 from asyncrl.launch.commands import gateway_args, trainer_args
 from asyncrl.launch.processes import KILL_WAIT_SECONDS, free_port, stop_process_groups
-from asyncrl.local.agents import LocalAgents
+from asyncrl.local.agents import LocalAgents, last_line
+from asyncrl.local.preflight import preflight_problems
 from asyncrl.local.report import RunTally, header
 from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.plot import plot_hint
@@ -212,6 +213,10 @@ def gateway_command(run_file: Path, *, port: int) -> list[str]:
 async def run_locally(args: argparse.Namespace) -> int:
     manifest, run = load_manifest(args.manifest)
     template = template_of(run, args.manifest)
+    problems = await preflight_problems(run, template)
+    if problems:  # nothing is started: the same lines as `asyncrl validate`, and the commands checked here
+        lines = "\n".join(f"asyncrl local run: {args.manifest}: {problem}" for problem in problems)
+        raise SystemExit(f"{lines}\nnothing was started")
     name = run.name or "run"
     work_dir = (args.work_dir or Path(".asyncrl") / "local" / name).absolute()
     if work_dir.exists() and not args.resume:
@@ -406,18 +411,7 @@ async def _trainer_reason(trainer: _Process, gateway: GatewayClient) -> str:
         # Not an earlier attempt's report:
         if report is not None and EXIT_CODES[report.outcome] == trainer.returncode:
             return f"{report.message} (more in {trainer.log_path})"
-    return f"{_last_line(trainer.log_path)} (more in {trainer.log_path})"
-
-
-def _last_line(path: Path) -> str:
-    """The last non-empty line of a log (where the trainer states why it stopped)."""
-    try:
-        with path.open("rb") as log:
-            log.seek(max(0, log.seek(0, 2) - 8192))
-            lines = [line.strip() for line in log.read().decode(errors="replace").splitlines()]
-    except OSError:
-        return f"see {path}"
-    return next((line for line in reversed(lines) if line), f"see {path}")
+    return f"{last_line(trainer.log_path)} (more in {trainer.log_path})"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -71,7 +71,16 @@ async def findings_of(path: Path, renderer: TemplateRenderer, *, server_side: bo
     )
     if size_error is not None:
         findings.problems.append(f"spec: {size_error}")
-    findings.problems.extend(await _template_problems(run, renderer))
+    run_findings = await run_problems(run, renderer)
+    findings.problems.extend(run_findings.problems)
+    findings.notes.extend(run_findings.notes)
+    return findings
+
+
+async def run_problems(run: AsyncTrainingRun, renderer: TemplateRenderer) -> Findings:
+    """What would stop the run wherever it runs (local mode checks these before it starts anything): the
+    agent template for every inline row, and `verlOverrides` against verl's config."""
+    findings = Findings(problems=await _template_problems(run, renderer))
     verl = verl_findings(run)
     findings.problems.extend(verl.problems)
     findings.notes.extend(verl.notes)
