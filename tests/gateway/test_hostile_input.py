@@ -187,6 +187,27 @@ def test_deep_json_gets_422_naming_the_field_and_the_run_goes_on(guarded: Runnin
     assert [event["event_type"] for event in document["events"]] == ["note"]
 
 
+def test_a_lone_surrogate_escape_gets_a_400_that_says_so(guarded: RunningGateway) -> None:
+    """Issue 37: `"\\ud800"` got a 400 whose detail read "Input data was truncated" (msgspec's words)."""
+    _running(guarded, "surrogate-r1")
+    with guarded.agent("surrogate-r1") as agent:
+        call = agent.post(
+            guarded.proxy_path("surrogate-r1"),
+            content=b'{"model": "m", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+            headers={"content-type": "application/json"},
+        )
+        assert call.status_code == 400, call.text
+        assert "\\ud800 without its pair" in call.json()["detail"], call.text
+        assert "truncated" not in call.json()["detail"]
+        paired = agent.post(  # a surrogate pair is a character: the call goes through
+            guarded.proxy_path("surrogate-r1"),
+            content=b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}',
+            headers={"content-type": "application/json"},
+        )
+        assert paired.status_code == 200, paired.text
+    assert_run_unaffected(guarded, "surrogate-r1")
+
+
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_non_finite_rewards_and_model_call_parameters_are_refused(
     guarded: RunningGateway, literal: str

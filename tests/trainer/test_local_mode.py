@@ -328,7 +328,8 @@ def test_a_template_error_on_every_row_is_refused_before_anything_starts_as_vali
     )
     assert validate.returncode == 1, validate.stdout
     problem = validate.stdout.strip().splitlines()[0].removeprefix(f"{path}: ")
-    assert "spec.agents.template" in problem and "missing_field" in problem, validate.stdout
+    assert "spec.agents.template" in problem, validate.stdout
+    assert "missing_field" in problem, validate.stdout
     output = _refused_before_start(tmp_path, path)
     assert f"asyncrl local run: {path}: {problem}" in output, output
     assert output.count("spec.agents.template") == 1, output

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -344,6 +345,12 @@ _MARKING = json.JSONDecoder(parse_constant=_NonFinite, parse_float=_finite_or_ma
 
 
 _DECODER = msgspec.json.Decoder()
+# A \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or one of those not preceded by the first kind:
+# msgspec refuses it as "Input data was truncated", which would send a client looking in the wrong place.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 # A refused body this small is parsed again (by the standard parser) to name its field; a larger one is not.
 NAMING_PARSE_MAX_BYTES = 64 * 1024
 # Byte maps of the depth measure: every bracket becomes ( or ), everything else is deleted.
@@ -392,6 +399,12 @@ def parse_json(raw: bytes, *, max_depth: int, count_parsed: Callable[[int], None
             pass
         except msgspec.DecodeError as error:
             detail = str(error)
+            if "truncated" in detail and (lone := _LONE_SURROGATE.search(raw)) is not None:
+                detail = (
+                    f"a string holds the escape {lone.group().decode()} without its pair: a lone UTF-16 "
+                    "surrogate is not a Unicode character; send the character as UTF-8, or both escapes of "
+                    "its surrogate pair"
+                )
             if b"NaN" not in raw and b"Infinity" not in raw and "out of range" not in detail:
                 raise Refused(
                     400,
