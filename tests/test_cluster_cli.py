@@ -182,8 +182,7 @@ def test_summary_shows_phase_step_last_step_conditions_events_and_why_trainer_me
     assert any("Normal StepFinished: step 3 trained on 4 rollouts" in line for line in lines), lines
     # No gateway Service here (no operator ran): the summary says why, and still succeeds.
     (metrics_line,) = [line for line in lines if line.startswith("trainer metrics")]
-    assert "not reachable: 404" in metrics_line
-    assert names.gateway_service_name("demo") in metrics_line
+    assert f"not reachable: service {names.gateway_service_name('demo')} does not exist" in metrics_line
 
     as_json = asyncrl_runs(
         control_plane, "summary", "demo", "-n", namespace, "-o", "json", "--no-trainer-metrics"
@@ -194,6 +193,37 @@ def test_summary_shows_phase_step_last_step_conditions_events_and_why_trainer_me
     assert document["spec"]["totalSteps"] == 10
     assert document["trainerMetrics"] is None
     assert [event["reason"] for event in document["events"]] == ["StepFinished"]
+
+
+@_cluster
+def test_a_gateway_service_without_a_ready_endpoint_is_named_as_such_not_as_not_found(
+    control_plane: ControlPlane, api_client: Any, kubectl: list[str], namespace: str
+) -> None:
+    """Issue 37 item 10: `runs summary` and `runs plot` said `404: services "quickstart-gateway" not found`
+    while the Service existed; it had no ready endpoint (the trainer pod was not ready)."""
+    from kubernetes import client
+
+    _created_run(api_client, kubectl, namespace, "waiting")
+    service = names.gateway_service_name("waiting")
+    core: Any = client.CoreV1Api(api_client)
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": service},
+            "spec": {
+                "selector": names.common_labels("waiting", names.COMPONENT_TRAINER),
+                "ports": [{"name": "metrics", "port": 9090}],
+            },
+        },
+    )
+    done = asyncrl_runs(control_plane, "summary", "waiting", "-n", namespace)
+    assert done.returncode == 0, done.stderr
+    (metrics_line,) = [line for line in done.stdout.splitlines() if line.startswith("trainer metrics")]
+    assert f"service {service} exists but has no ready endpoint" in metrics_line, metrics_line
+    assert "not found" not in metrics_line
+    plot = asyncrl_runs(control_plane, "plot", "waiting", "-n", namespace)
+    assert plot.returncode == 1
+    assert f"service {service} exists but has no ready endpoint" in plot.stderr, plot.stderr
 
 
 @_cluster

@@ -61,6 +61,12 @@ class Cluster:
 
         return client.CustomObjectsApi(self.api_client)
 
+    @property
+    def discovery(self) -> Any:
+        from kubernetes import client
+
+        return client.DiscoveryV1Api(self.api_client)
+
 
 def connect(args: argparse.Namespace) -> Cluster:
     """Clients from the kubeconfig (or, with none, the pod's service account); `-n`, else the context's
@@ -158,6 +164,44 @@ def run_events(cluster: Cluster, name: str) -> list[EventLine]:
     ]
 
 
+def service_unreachable(cluster: Cluster, run: str, error: Any) -> str:
+    """Why the API server's proxy to the run's gateway Service failed, in words: a 404 or 503 from the proxy
+    reads the same whether the Service is missing or has no ready endpoint, so look at which."""
+    from kubernetes.client.exceptions import ApiException
+
+    service = names.gateway_service_name(run)
+    said = f"{error.status}: {_api_reason(error)}"
+    if error.status not in (404, 503):
+        return said
+    try:
+        cluster.core.read_namespaced_service(service, cluster.namespace)
+    except ApiException as missing:
+        if missing.status == 404:
+            return (
+                f"service {service} does not exist (the run has no trainer yet, or its children were removed)"
+            )
+        return said
+    try:
+        slices = cluster.discovery.list_namespaced_endpoint_slice(
+            cluster.namespace, label_selector=f"kubernetes.io/service-name={service}"
+        )
+    except ApiException:
+        return said  # not allowed to read EndpointSlices: the proxy's words are all there is
+    ready = sum(
+        1
+        for endpoint_slice in slices.items
+        for endpoint in endpoint_slice.endpoints or []
+        if endpoint.conditions is None or endpoint.conditions.ready is not False
+    )
+    if ready:
+        return said
+    return (
+        f"service {service} exists but has no ready endpoint: the trainer pod is not running or not ready "
+        f"yet (`asyncrl runs logs {run} -n {cluster.namespace}`, "
+        f"`kubectl get pods -n {cluster.namespace} -l {names.LABEL_RUN}={run}`)"
+    )
+
+
 def trainer_metrics(cluster: Cluster, name: str) -> TrainerMetrics:
     """The trainer's /metrics through the API server's proxy to the run's gateway Service (port `metrics`)."""
     from kubernetes.client.exceptions import ApiException
@@ -169,7 +213,7 @@ def trainer_metrics(cluster: Cluster, name: str) -> TrainerMetrics:
             f"{service}:metrics", cluster.namespace, "metrics"
         )
     except ApiException as error:
-        return TrainerMetrics(gauges={}, source=source, unavailable=f"{error.status}: {_api_reason(error)}")
+        return TrainerMetrics(gauges={}, source=source, unavailable=service_unreachable(cluster, name, error))
     except OSError as error:
         return TrainerMetrics(gauges={}, source=source, unavailable=str(error))
     try:
@@ -191,9 +235,9 @@ def trainer_history(cluster: Cluster, name: str) -> str:
     except ApiException as error:
         raise ClusterCommandError(
             f"the trainer's per-step metrics did not come through the API server (service {service}, "
-            f"port metrics: {error.status}: {_api_reason(error)}). A run whose trainer pod is gone keeps "
-            "them on its checkpoint volume, at metrics/metrics.jsonl: copy that file and run `asyncrl plot` "
-            "on it"
+            f"port metrics: {service_unreachable(cluster, name, error)}). A run whose trainer pod is gone "
+            "keeps them on its checkpoint volume, at metrics/metrics.jsonl: copy that file and run "
+            "`asyncrl plot` on it"
         ) from error
     return str(text)
 
