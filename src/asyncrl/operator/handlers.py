@@ -30,6 +30,7 @@ from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, InvalidRun
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
 from asyncrl.api.types.status import Condition, ConditionStatus, Phase, with_condition
 from asyncrl.operator.diffbase import RunDiffBaseStorage
+from asyncrl.operator.dispatcher.agent_pods import DEFAULT_START_TIMEOUT_SECONDS
 from asyncrl.operator.dispatcher.controller import RunController
 from asyncrl.operator.kube import JSON, Kube, LabelWatch, count_requests
 from asyncrl.operator.metrics import OperatorMetrics
@@ -51,6 +52,7 @@ class OperatorConfig:
     gateway_address: str = "service"  # "service": the run's Service DNS name; "localhost": 127.0.0.1:<port>
     api_client: Any = None
     render: RenderSettings = field(default_factory=RenderSettings)  # agent templates: pod policy and limits
+    agent_start_timeout_seconds: float = DEFAULT_START_TIMEOUT_SECONDS  # dispatcher/agent_pods.py
 
 
 @dataclass
@@ -407,6 +409,7 @@ async def run_controller(body: Mapping[str, Any], runtime: Runtime) -> None:
         agent_gateway_url=spec.gateway.agent_url or gateway_url,
         gateway_key=gateway_key,
         template_source=template,
+        agent_start_timeout_seconds=runtime.config.agent_start_timeout_seconds,
     )
     controller = RunController(
         context, kube=kube, metrics=runtime.metrics, renderer=runtime.renderer, index=runtime.index

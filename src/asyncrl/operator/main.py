@@ -9,6 +9,7 @@ import stamina.instrumentation
 
 from asyncrl.agent_templates.pod_policy import AgentPodPolicy
 from asyncrl.agent_templates.renderer import RenderSettings
+from asyncrl.operator.dispatcher.agent_pods import DEFAULT_START_TIMEOUT_SECONDS
 from asyncrl.operator.metrics import OperatorMetrics
 
 
@@ -45,6 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=str(AgentPodPolicy.RESTRICTED),
         help="restricted (default): refuse agent Jobs with privileged or host access, another service "
         "account, or Secret references; unrestricted: run what the template says",
+    )
+    templates.add_argument(
+        "--agent-start-timeout-seconds",
+        type=_positive_float,
+        default=DEFAULT_START_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="an agent pod that cannot start (image pull, configuration) fails its rollout after this; the "
+        "run fails when none of its agent pods has started by then (default: %(default)s)",
     )
     templates.add_argument(
         "--template-render-seconds",
@@ -122,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         gateway_address=args.gateway_address,
         api_client=_api_client(args.kubeconfig),
         render=render_settings(args),
+        agent_start_timeout_seconds=args.agent_start_timeout_seconds,
     )
     kopf.run(
         clusterwide=bool(args.all_namespaces),

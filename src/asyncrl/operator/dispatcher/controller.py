@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from asyncrl.agent_templates.render import TemplateError, sample_variables
@@ -49,6 +50,7 @@ from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types import AgentsMode
 from asyncrl.gateway_api.client import GatewayClient, GatewayError, new_claim_key
 from asyncrl.gateway_api.models import RolloutView
+from asyncrl.operator.dispatcher import agent_pods
 from asyncrl.operator.dispatcher.job_state import ReportBook, rollout_state_of_job
 from asyncrl.operator.dispatcher.pool_keeper import PoolInputs, keep_agent_pool
 from asyncrl.operator.dispatcher.ratelimit import SlidingWindowLimiter
@@ -135,6 +137,11 @@ class RunController:
         self._jobs_created = 0  # by this process: an agent Job the API server took
         self._jobs_refused = 0  # by this process: an agent Job the API server refused (a 4xx)
         self._takeover = True  # the next claim takes over leases of a claimer that is gone
+        # Agent pods that cannot start: (the kubelet's reason, one line naming a pod and its image).
+        self.agents_stuck: tuple[str, str] | None = None
+        self._agent_started = False  # an agent pod of this run has run (reported running or done)
+        self._stuck_warned: dict[tuple[str, str], float] = {}  # (reason, image) -> when last warned
+        self._stuck_failed: set[str] = set()  # pods whose rollouts were failed for not starting
         stored = Reconciler.stored_status(context.run).jobs
         self.link = GatewayLink(
             context,
@@ -185,6 +192,7 @@ class RunController:
             *([] if self.fatal_error else [self._launch_loop()]),  # an invalid template launches nothing
             self._report_loop,
             self._cancellation_loop,
+            self._agent_pods_loop,
             self.reconciler.summary_loop,
             self.reconciler.reconcile_loop,
         ]
@@ -597,6 +605,14 @@ class RunController:
         instance = annotations.get(ANNOTATION_GATEWAY_INSTANCE)
         if instance is not None and instance != self.link.instance:
             return  # launched through a gateway that restarted since: its rollout is gone with it
+        if state is RolloutState.RUNNING or state is RolloutState.SUCCEEDED:
+            self._agent_started = True
+        elif state is RolloutState.FAILED and event_type != "DELETED":
+            await self._warn_once(
+                ("AgentJobFailed", ""),
+                reason="AgentJobFailed",
+                message=f"agent Job {name} (rollout {rollout_id}) failed: {message}",
+            )
         uid = job["metadata"].get("uid") or name
         for step in self.jobs.reported.to_report(uid, state):
             # Bound to the Job's gateway instance: a report still retrying while the gateway restarts must not
@@ -627,6 +643,88 @@ class RunController:
                     state,
                     one_line_reason(error),
                 )
+
+    # -- agent pods that cannot start ---------------------------------------------------------------------
+
+    async def _agent_pods_loop(self) -> None:
+        """Look at the run's agent pods every few seconds: say on the run which cannot start, fail the rollout
+        of one that has not started by the start timeout, and the run when none of its agents ever started."""
+        selector = (
+            f"{names.LABEL_RUN}={self.context.name},{names.LABEL_COMPONENT}={names.COMPONENT_AGENT},"
+            f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
+        )
+        while True:
+            await asyncio.sleep(agent_pods.CHECK_SECONDS)
+            try:
+                pods = await self.kube.list_pods(self.context.namespace, selector)
+            except Exception as error:  # not allowed, or the API server away: the Jobs still end by deadline
+                logger.debug("run %s: agent pods not listed: %s", self.context.name, one_line_reason(error))
+                continue
+            await self._look_at_agent_pods(agent_pods.stuck_pods(pods))
+
+    async def _look_at_agent_pods(self, stuck: list[agent_pods.StuckPod]) -> None:
+        said = agent_pods.summary(stuck)
+        if said != self.agents_stuck:
+            self.agents_stuck = said
+            self.reconciler.changed()
+        now = datetime.now(UTC)
+        for pod in stuck:
+            await self._warn_once(
+                (pod.reason, pod.image),
+                reason="AgentPodCannotStart" if pod.never_starts else "AgentPodCrashing",
+                message=f"agent {pod.describe()}",
+            )
+        overdue = [
+            pod
+            for pod in stuck
+            if pod.never_starts
+            and pod.pod not in self._stuck_failed
+            and pod.stuck_seconds(now) >= self.context.agent_start_timeout_seconds
+        ]
+        if not overdue:
+            return
+        timeout = self.context.agent_start_timeout_seconds
+        if not self._agent_started and self.fatal_error is None:
+            self.fatal_error = (
+                f"no agent pod of this run started within {timeout:g} s (--agent-start-timeout-seconds): "
+                f"{overdue[0].describe()}; fix spec.agents.template (the image, its pull secret, the Secrets "
+                "and ConfigMaps it reads)"
+            )
+            logger.warning("run %s: %s", self.context.name, self.fatal_error)
+            await self.kube.post_event(
+                self.context.run, reason="AgentPodsCannotStart", message=self.fatal_error, warning=True
+            )
+            self.reconciler.changed()
+            return
+        jobs = {
+            job["metadata"]["name"]: job
+            for job in await self.kube.list_agent_jobs(self.context.namespace, self.context.name)
+        }
+        for pod in overdue:
+            self._stuck_failed.add(pod.pod)
+            job = jobs.get(pod.job or "")
+            if job is None:
+                continue
+            annotations = job["metadata"].get("annotations") or {}
+            rollout_id = annotations.get(names.ANNOTATION_ROLLOUT_ID)
+            if rollout_id is not None:
+                await self._transition(
+                    rollout_id,
+                    RolloutState.FAILED,
+                    f"the agent pod did not start within {timeout:g} s: {pod.describe()}",
+                    instance_id=annotations.get(ANNOTATION_GATEWAY_INSTANCE),
+                )
+            await self.kube.delete_job(self.context.namespace, job["metadata"]["name"])
+
+    async def _warn_once(self, key: tuple[str, str], *, reason: str, message: str) -> None:
+        """A Warning event on the run, at most once per `key` per WARN_AGAIN_SECONDS (agents fail alike)."""
+        now = time.monotonic()
+        last = self._stuck_warned.get(key)
+        if last is not None and now - last < agent_pods.WARN_AGAIN_SECONDS:
+            return
+        self._stuck_warned[key] = now
+        logger.warning("run %s: %s", self.context.name, message)
+        await self.kube.post_event(self.context.run, reason=reason, message=message, warning=True)
 
     # -- cancellations ------------------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ class Dispatcher(Protocol):
 
     template_error: str | None
     fatal_error: str | None
+    agents_stuck: tuple[str, str] | None  # agent pods that cannot start: (the kubelet's reason, one line)
 
     @property
     def active_jobs(self) -> int: ...
@@ -173,6 +174,7 @@ class Reconciler:
             jobs_created=counts.created,
             jobs_failed=counts.failed,
             template_error=dispatcher.template_error,
+            agents_stuck=dispatcher.agents_stuck,
             fatal_error=dispatcher.fatal_error or self._trainer_fatal_error(),
             trainer_error=self._trainer_error(),
         )

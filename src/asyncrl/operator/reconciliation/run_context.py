@@ -17,6 +17,9 @@ class RunContext:
     agent_gateway_url: str  # what agents are given
     gateway_key: str
     template_source: str
+    # An agent pod that cannot start (image, configuration) fails its rollout after this; the run fails when
+    # none of its agent pods has started by then (`asyncrl operator --agent-start-timeout-seconds`).
+    agent_start_timeout_seconds: float = 300.0
 
     @property
     def namespace(self) -> str:

@@ -22,6 +22,8 @@ Conditions, all written here:
 - `GatewayReachable`: whether the operator reached the gateway last time; removed once the run ended (the
   gateway is gone with the trainer, and that is no fault);
 - `AgentTemplateValid`: whether the agent template renders;
+- `AgentPodsStarting`: False (reason: the kubelet's, e.g. ImagePullBackOff) while agent pods cannot start or
+  keep crashing, naming a pod and its image; kept as it was once the run ended;
 - `Complete` / `Failed`: True on Succeeded / Failed, so that `kubectl wait --for=condition=...` works; while
   False their reason says why (`NotFinished`, or the other end state).
 `PodTemplateApplied` is written once, when the trainer Job is created (handlers.py), and kept.
@@ -44,6 +46,7 @@ from asyncrl.workloads.trainer_state import TrainerEnd, TrainerObservation
 PENDING_TRAINER = "waiting for the trainer to be created"
 STARTING = "waiting for the trainer pod and its gateway"
 GATEWAY_CONDITION = "GatewayReachable"
+AGENT_PODS_CONDITION = "AgentPodsStarting"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class RunObservation:
     jobs_failed: int
     template_error: str | None
     fatal_error: str | None = None  # the run cannot succeed: phase Failed with this message
+    # Agent pods that cannot start or keep crashing: (the kubelet's reason, a line naming a pod and image).
+    agents_stuck: tuple[str, str] | None = None
     trainer_error: str | None = None  # the trainer's last reported (restartable) error
 
 
@@ -86,6 +91,8 @@ def phase_of(observation: RunObservation, *, was_running: bool = False) -> tuple
             if was_running:
                 return Phase.SUSPENDED, f"the trainer was suspended by {_holder(trainer)} (preempted?)"
             return Phase.PENDING, f"waiting for {_holder(trainer)} to admit the trainer"
+        case RunObservation(gateway_reachable=True, agents_stuck=(_, str(stuck))):
+            return Phase.RUNNING, f"training, but {stuck}"
         case RunObservation(gateway_reachable=True):
             return Phase.RUNNING, f"training ({last_error}; it was restarted)" if last_error else "training"
         case _ if was_running:
@@ -156,6 +163,19 @@ def conditions_of(
             generation,
         ),
     )
+    if not phase.is_terminal:
+        stuck = observation.agents_stuck
+        conditions = with_condition(
+            conditions,
+            _condition(
+                AGENT_PODS_CONDITION,
+                stuck is None,
+                "Starting" if stuck is None else stuck[0],
+                "" if stuck is None else stuck[1],
+                now,
+                generation,
+            ),
+        )
     conditions = with_condition(
         conditions, _condition("Ready", phase is Phase.RUNNING, str(phase), message, now, generation)
     )
