@@ -167,3 +167,14 @@ def test_status_wire_names() -> None:
         "rayCluster",
         "message",
     }
+
+
+def test_the_floats_kubectl_prints_are_rounded_reward_to_4_places_drain_to_milliseconds() -> None:
+    """Issue 37 item 9: `kubectl get atr` printed REWARD 0.005208333333333333 (a number column is printed as
+    stored)."""
+    summary = _summary(step=3, drain=0.123456789).model_copy(update={"reward_mean": 0.005208333333333333})
+    status = AsyncTrainingRunStatus().with_window_summary(summary, now=T0)
+    assert status.reward is not None
+    assert (status.reward.last, status.reward.best) == (0.0052, 0.0052)
+    assert status.proxy_drain_seconds == 0.123
+    assert "0.005208" not in status.model_dump_json()

@@ -476,3 +476,56 @@ def test_deleting_a_run_mid_run_leaves_no_child_and_no_orphan_pod(installed: Ins
         return not found["items"]
 
     wait_for(nothing_left, timeout=300, what=f"every child of {run} gone", interval=1.0)
+
+
+def test_a_misspelled_agent_image_is_named_on_the_run_from_a_real_pull_failure(installed: Installed) -> None:
+    """Issue 37 item 6, on the real kubelet: the agent image cannot be pulled (no such image, and no registry
+    reachable from here). Before, the run stayed Running, "training", Ready=True and said nothing."""
+    kubectl, namespace = installed.kubectl, installed.runs_namespace
+    run, image = "typo-image", "ghcr.io/asyncrl/agnet:0.1.0"
+    manifest = _quickstart(run)
+    template = manifest["spec"]["agents"]["template"]["inline"]
+    assert "image: ghcr.io/asyncrl/trainer-cpu:0.1.0" in template
+    manifest["spec"]["agents"]["template"]["inline"] = template.replace(
+        "image: ghcr.io/asyncrl/trainer-cpu:0.1.0", f"image: {image}"
+    )
+    applied = kubectl_run(kubectl, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+    assert applied.returncode == 0, applied.stderr
+    try:
+
+        def pull_failure() -> str | None:
+            for pod in _pods(kubectl, namespace, f"{names.LABEL_RUN}={run},{names.LABEL_COMPONENT}=agent"):
+                for container in pod.get("status", {}).get("containerStatuses") or []:
+                    reason = (container.get("state", {}).get("waiting") or {}).get("reason")
+                    if reason in ("ErrImagePull", "ImagePullBackOff"):
+                        return str(reason)
+            return None
+
+        wait_for(
+            pull_failure, timeout=RUN_TIMEOUT, what="an agent pod failing to pull its image", interval=1.0
+        )
+
+        def named() -> dict[str, Any] | None:
+            condition = next(
+                (
+                    c
+                    for c in _status(kubectl, namespace, run).get("conditions") or []
+                    if c["type"] == "AgentPodsStarting"
+                ),
+                None,
+            )
+            return condition if condition is not None and condition["status"] == "False" else None
+
+        condition = wait_for(named, timeout=120, what="AgentPodsStarting=False on the run", interval=1.0)
+        assert condition["reason"] in ("ErrImagePull", "ImagePullBackOff"), condition
+        assert image in condition["message"], condition
+        status = _status(kubectl, namespace, run)
+        assert status["phase"] == "Running", status
+        assert "cannot start" in status["message"], status
+        warnings = _get(kubectl, "events.events.k8s.io", "-n", namespace)["items"]
+        assert any(
+            event.get("reason") == "AgentPodCannotStart" and image in (event.get("note") or "")
+            for event in warnings
+        ), [event.get("reason") for event in warnings]
+    finally:
+        kubectl_run(kubectl, "delete", "atr", "-n", namespace, run, "--wait=true", "--timeout=300s")

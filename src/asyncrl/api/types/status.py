@@ -112,6 +112,15 @@ class RewardSummary(ApiModel):
     best: float = Field(description="The highest `last` of the run so far.")
 
 
+# What `kubectl get atr` shows of the floats (it prints a number column as stored: 0.005208333333333333).
+REWARD_DIGITS = 4
+DRAIN_DIGITS = 3  # milliseconds
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def progress_of(step: int, total_steps: int | None) -> str:
     """Updates done, 1-based, of the total when there is one: step 2 (0-based) of 16 is `3/16`."""
     done = step + 1
@@ -201,13 +210,13 @@ class AsyncTrainingRunStatus(ApiModel):
             "new_carry_over_rollouts": summary.new_carry_over_rollouts,
             "carry_over_age_max_steps": summary.carry_over_age_max_steps,
             "proxy_inflight_at_pause": summary.proxy_inflight_at_pause,
-            "proxy_drain_seconds": summary.proxy_drain_seconds,
+            "proxy_drain_seconds": _rounded(summary.proxy_drain_seconds, DRAIN_DIGITS),
             "proxy_aborted_calls": summary.proxy_aborted_calls,
         }
         update.update({name: value for name, value in reported.items() if value is not None})
         update["progress"] = progress_of(summary.step, summary.total_steps)
         if summary.reward_mean is not None and math.isfinite(summary.reward_mean):
-            last = summary.reward_mean
+            last = round(summary.reward_mean, REWARD_DIGITS)
             best = last if self.reward is None else max(self.reward.best, last)
             update["reward"] = RewardSummary(last=last, best=best)
         update["carry_over_age_histogram"] = dict(summary.carry_over_age_histogram)

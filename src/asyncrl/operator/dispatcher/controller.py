@@ -370,6 +370,7 @@ class RunController:
             delay = self.limiter.delay(time.monotonic())
             if delay > 0:
                 self.metrics.rate_limit_waits.labels("max_jobs_per_minute").inc()
+                await self._say_throttled(delay)
                 # Woken early by a spec edit (a raised rate applies at once, not after the old rate's wait)
                 # or a finished Job; every condition is then asked again.
                 self._capacity.clear()
@@ -715,6 +716,22 @@ class RunController:
                     instance_id=annotations.get(ANNOTATION_GATEWAY_INSTANCE),
                 )
             await self.kube.delete_job(self.context.namespace, job["metadata"]["name"])
+
+    async def _say_throttled(self, delay: float) -> None:
+        """Say on the run (a Normal event, at most once per WARN_AGAIN_SECONDS) that agent launches wait for
+        the run's own rate limit: steps that wait for it looked like slow agents (28-36 s instead of 5 s)."""
+        now = time.monotonic()
+        last = self._stuck_warned.get(("throttled", ""))
+        if last is not None and now - last < agent_pods.WARN_AGAIN_SECONDS:
+            return
+        self._stuck_warned[("throttled", "")] = now
+        rate = self.context.spec.agents.max_jobs_per_minute
+        message = (
+            f"agent Job creation waits {delay:.1f} s for spec.agents.maxJobsPerMinute ({rate} a minute); "
+            "steps that wait for their rollouts to launch go faster with a higher rate"
+        )
+        logger.info("run %s: %s", self.context.name, message)
+        await self.kube.post_event(self.context.run, reason="AgentLaunchesThrottled", message=message)
 
     async def _warn_once(self, key: tuple[str, str], *, reason: str, message: str) -> None:
         """A Warning event on the run, at most once per `key` per WARN_AGAIN_SECONDS (agents fail alike)."""
