@@ -99,3 +99,12 @@ def create_rollouts(client: httpx.Client, *rollout_ids: str, group_id: str = "g1
     ]
     response = client.post("/api/rollouts", json=body)
     assert response.status_code == 201, response.text
+
+
+def start_rollouts(gateway: RunningGateway, *rollout_ids: str) -> None:
+    """Create the rollouts and mark each running at attempt a1, as the operator does for its agents."""
+    with gateway.management() as admin:
+        create_rollouts(admin, *rollout_ids)
+        for rollout_id in rollout_ids:
+            transition = {"state": "running", "attempt_id": "a1"}
+            assert admin.post(f"/api/rollouts/{rollout_id}/transition", json=transition).status_code == 200

@@ -18,7 +18,7 @@ import pytest
 
 from asyncrl.testing.controlplane import free_port
 from asyncrl.testing.processes import start_server
-from tests.gateway.conftest import KEY, RunningGateway, launch_gateway
+from tests.gateway.conftest import KEY, RunningGateway, launch_gateway, start_rollouts
 
 DEADLINE_SECONDS = 60.0  # generous: the gateway's own timeouts below are 1-2 s
 
@@ -206,19 +206,12 @@ def test_calls_held_up_to_the_cap_leave_the_trainers_resume_a_connection_and_oth
     429 with Retry-After, and every held call is answered once resumed."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.gateway.conftest import create_rollouts
-
     gateway = launch_gateway([upstream_url], tmp_path, "--max-connections=16")
     rollouts = [f"r{index}" for index in range(4)]
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     try:
+        start_rollouts(gateway, *rollouts)
         with gateway.management() as admin:
-            create_rollouts(admin, *rollouts)
-            for rollout_id in rollouts:
-                transition = {"state": "running", "attempt_id": "a1"}
-                assert (
-                    admin.post(f"/api/rollouts/{rollout_id}/transition", json=transition).status_code == 200
-                )
             assert (
                 admin.post("/proxy/pause", json={"reason": "update", "lease_seconds": 300}).status_code == 200
             )

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from asyncrl.gateway.admission import EVENT_ENVELOPE_BYTES
-from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
+from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway, start_rollouts
 
 CHAT = {"model": "anything", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 JSON = {"content-type": "application/json"}
@@ -33,13 +33,6 @@ def guarded(upstream_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     )
     yield running
     running.process.stop()
-
-
-def _running(gateway: RunningGateway, rollout_id: str) -> None:
-    with gateway.management() as admin:
-        create_rollouts(admin, rollout_id)
-        transition = {"state": "running", "attempt_id": "a1"}
-        assert admin.post(f"/api/rollouts/{rollout_id}/transition", json=transition).status_code == 200
 
 
 def _events_path(rollout_id: str, attempt_id: str = "a1") -> str:
@@ -136,7 +129,7 @@ def test_large_chunked_bodies_without_a_token_are_refused_and_do_not_grow_the_ga
 def test_chunked_bodies_over_the_limit_with_a_valid_token_get_413_naming_the_limit(
     guarded: RunningGateway,
 ) -> None:
-    _running(guarded, "big-r1")
+    start_rollouts(guarded, "big-r1")
     event_limit = EVENT_BYTES_LIMIT + EVENT_ENVELOPE_BYTES  # an event's body: no more than it may store
     with guarded.management() as admin, guarded.agent("big-r1") as agent:
         for client, path, limit, setting in [
@@ -162,7 +155,7 @@ def _nested(depth: int) -> object:
 
 
 def test_deep_json_gets_422_naming_the_field_and_the_run_goes_on(guarded: RunningGateway) -> None:
-    _running(guarded, "deep-r1")
+    start_rollouts(guarded, "deep-r1")
     with guarded.management() as admin, guarded.agent("deep-r1") as agent:
         note = agent.post(_events_path("deep-r1"), json={"event_type": "note", "data": {"d": _nested(300)}})
         assert note.status_code == 422, note.text
@@ -189,7 +182,7 @@ def test_deep_json_gets_422_naming_the_field_and_the_run_goes_on(guarded: Runnin
 
 def test_a_lone_surrogate_escape_gets_a_400_that_says_so(guarded: RunningGateway) -> None:
     """Issue 37: `"\\ud800"` got a 400 whose detail read "Input data was truncated" (msgspec's words)."""
-    _running(guarded, "surrogate-r1")
+    start_rollouts(guarded, "surrogate-r1")
     with guarded.agent("surrogate-r1") as agent:
         call = agent.post(
             guarded.proxy_path("surrogate-r1"),
@@ -213,7 +206,7 @@ def test_non_finite_rewards_and_model_call_parameters_are_refused(
     guarded: RunningGateway, literal: str
 ) -> None:
     rollout_id = f"nan-{literal.lower().replace('-', 'minus')}"
-    _running(guarded, rollout_id)
+    start_rollouts(guarded, rollout_id)
     with guarded.agent(rollout_id) as agent:
         reward = agent.post(
             _events_path(rollout_id),
@@ -234,7 +227,7 @@ def test_non_finite_rewards_and_model_call_parameters_are_refused(
 
 
 def test_a_400_digit_reward_gets_422_naming_data_value(guarded: RunningGateway) -> None:
-    _running(guarded, "huge-r1")
+    start_rollouts(guarded, "huge-r1")
     with guarded.agent("huge-r1") as agent:
         response = agent.post(
             _events_path("huge-r1"),
@@ -252,7 +245,7 @@ def test_a_400_digit_reward_gets_422_naming_data_value(guarded: RunningGateway) 
 def test_rewards_are_refused_after_the_rollout_ended_and_from_attempts_it_never_had(
     guarded: RunningGateway,
 ) -> None:
-    _running(guarded, "late-r1")
+    start_rollouts(guarded, "late-r1")
     with guarded.management() as admin, guarded.agent("late-r1") as agent:
         reward = {"event_type": "reward", "data": {"value": 0.25}}
         stranger = agent.post(_events_path("late-r1", attempt_id="a7"), json=reward)
@@ -297,7 +290,7 @@ def test_a_reward_posted_before_the_rollout_ran_counts_only_if_its_attempt_is_th
 
 
 def test_event_data_per_rollout_is_bounded(guarded: RunningGateway) -> None:
-    _running(guarded, "chatty-r1")
+    start_rollouts(guarded, "chatty-r1")
     note = {"event_type": "note", "data": {"text": "x" * 1000}}
     with guarded.agent("chatty-r1") as agent:
         statuses = [agent.post(_events_path("chatty-r1"), json=note).status_code for _ in range(12)]

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from asyncrl.gateway_api.tokens import agent_token
-from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
+from tests.gateway.conftest import RunningGateway, launch_gateway, start_rollouts
 
 CHAT = {"model": "anything", "messages": [{"role": "user", "content": "hi"}]}
 ATTACK_BYTES = 5_700_000  # the issue's body: 1.9 million `{}`
@@ -32,14 +32,6 @@ def budgeted(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
     running = launch_gateway([upstream_url], tmp_path, "--agent-max-requests=2")
     yield running
     running.process.stop()
-
-
-def _running(gateway: RunningGateway, *rollout_ids: str) -> None:
-    with gateway.management() as admin:
-        create_rollouts(admin, *rollout_ids)
-        for rollout_id in rollout_ids:
-            transition = {"state": "running", "attempt_id": "a1"}
-            assert admin.post(f"/api/rollouts/{rollout_id}/transition", json=transition).status_code == 200
 
 
 def _parsed_bytes(gateway: RunningGateway) -> float:
@@ -87,7 +79,7 @@ def test_an_event_body_larger_than_its_rollout_may_store_is_refused_before_it_ha
 ) -> None:
     """The 413 comes while the body is still on its way: it was neither waited for whole nor parsed. (The
     previous gateway waited for all 5.7 MB, below --max-body-bytes, then parsed them: no answer here.)"""
-    _running(gateway, "flood-r1")
+    start_rollouts(gateway, "flood-r1")
     parsed_before = _parsed_bytes(gateway)
     token = agent_token(gateway.key, "flood-r1")
     chunked = framing == "chunked"
@@ -114,7 +106,7 @@ def test_a_model_call_of_millions_of_tiny_values_is_refused_for_its_cost_without
 ) -> None:
     """5.7 MB is within --max-body-bytes, but 3.8 million values cost the agent more than its whole budget:
     413 before any parse. (The previous gateway parsed it, encoded it again and forwarded it.)"""
-    _running(gateway, "values-r1")
+    start_rollouts(gateway, "values-r1")
     parsed_before = _parsed_bytes(gateway)
     body = b'{"messages":[' + b",".join([b"{}"] * 1_900_000) + b"]}"
     with gateway.agent("values-r1") as agent:
@@ -126,7 +118,7 @@ def test_a_model_call_of_millions_of_tiny_values_is_refused_for_its_cost_without
 
 
 def test_a_wide_body_nested_too_deep_is_refused_without_being_parsed(gateway: RunningGateway) -> None:
-    _running(gateway, "deep-r1")
+    start_rollouts(gateway, "deep-r1")
     parsed_before = _parsed_bytes(gateway)
     deep = b"[" * 70 + b"]" * 70
     body = b'{"event_type":"note","data":{"d":[' + b",".join([b"{}"] * 100_000) + b"," + deep + b"]}}"
@@ -142,7 +134,7 @@ def test_an_agent_over_its_requests_in_flight_gets_429_with_retry_after_while_an
 ) -> None:
     """Two model calls of one agent are held by a pause (in flight); its third is refused at once with
     Retry-After, while another rollout's agent is served. (The previous gateway held the third too.)"""
-    _running(budgeted, "busy-r1", "calm-r1")
+    start_rollouts(budgeted, "busy-r1", "calm-r1")
     statuses: dict[str, int] = {}
 
     def call(name: str, rollout_id: str) -> None:

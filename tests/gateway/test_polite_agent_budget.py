@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from asyncrl.gateway.budgets import VALUE_COST_BYTES, json_values
-from tests.gateway.conftest import RunningGateway, create_rollouts, launch_gateway
+from tests.gateway.conftest import RunningGateway, launch_gateway, start_rollouts
 
 RATE = 1024 * 1024  # bytes per second: small, so that each call waits about a second for its budget
 BURST = 2 * 1024 * 1024
@@ -46,18 +46,11 @@ def budgeted(upstream_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
     running.process.stop()
 
 
-def _start(gateway: RunningGateway, rollout_id: str) -> None:
-    with gateway.management() as admin:
-        create_rollouts(admin, rollout_id)
-        transition = {"state": "running", "attempt_id": "a1"}
-        assert admin.post(f"/api/rollouts/{rollout_id}/transition", json=transition).status_code == 200
-
-
 def test_an_agent_that_waits_the_retry_after_is_admitted_on_its_next_try(budgeted: RunningGateway) -> None:
     body = _body()
     cost = len(body) + VALUE_COST_BYTES * json_values(body)
     assert RATE < cost < BURST  # each call waits for its budget, and the bucket can always pay for one
-    _start(budgeted, "r1")
+    start_rollouts(budgeted, "r1")
     attempts: list[int] = []
     waits: list[float] = []
     deadline = time.monotonic() + DEADLINE_SECONDS
@@ -92,7 +85,7 @@ def test_a_body_whose_bytes_and_values_together_exceed_the_burst_is_413_not_an_e
     """Its declared length alone fits the bucket, and its values alone too, but never both: it can never be
     admitted, so it must not be told to retry (before, it got 429 after 429)."""
     content = "w" * (BURST // 2) + "," * (BURST // 2 // VALUE_COST_BYTES + 1000)
-    _start(budgeted, "r2")
+    start_rollouts(budgeted, "r2")
     with budgeted.agent("r2") as agent:
         response = agent.post(
             budgeted.proxy_path("r2"), json={"model": "m", "messages": [{"content": content}]}

@@ -25,7 +25,7 @@ def _operator_images(image_table: ImageTable) -> None:
     image_table[AGENT_IMAGE] = Image(entrypoint=(sys.executable,))
 
 
-OperatorStarter = Callable[[], ServerProcess]
+OperatorStarter = Callable[..., ServerProcess]  # start_operator(*extra_args): more `asyncrl operator` flags
 
 
 @pytest.fixture
@@ -38,10 +38,12 @@ def start_operator(
     """Start (and restart) `asyncrl operator -n <namespace>` as a real process; stopped after the test."""
     started: list[ServerProcess] = []
 
-    def start() -> ServerProcess:
+    def start(*extra_args: str) -> ServerProcess:
         log_path = tmp_path / f"operator-{len(started)}.log"
         scope = ["--namespace", namespace]
-        process = start_operator_process(kubeconfig=control_plane.kubeconfig, scope=scope, log_path=log_path)
+        process = start_operator_process(
+            kubeconfig=control_plane.kubeconfig, scope=scope, log_path=log_path, extra_args=extra_args
+        )
         started.append(process)
         return process
 

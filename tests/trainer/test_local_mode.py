@@ -100,6 +100,18 @@ def _local_run(tmp_path: Path, manifest: Path, *, metrics_file: bool = True) -> 
     )
 
 
+def _run_to_end(tmp_path: Path, path: Path, *, exit_code: int, timeout: float) -> str:
+    """`asyncrl local run` of `path` until it exits (nothing of it left behind); its output, once its exit
+    code is the one expected."""
+    process = _local_run(tmp_path, path)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        kill_what_is_left(process, tmp_path / "work")
+    assert process.returncode == exit_code, output
+    return output
+
+
 def _metrics(tmp_path: Path, path: Path | None = None) -> list[dict[str, float]]:
     path = path or tmp_path / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -232,12 +244,7 @@ def test_a_run_whose_agents_always_crash_fails_after_max_failed_steps_without_re
         '["python", "-m", "examples.toy_agent.agent"]', '["python", "-c", "raise SystemExit(3)"]'
     )
     path.write_text(yaml.safe_dump(manifest))
-    process = _local_run(tmp_path, path)
-    try:
-        output, _ = process.communicate(timeout=300)
-    finally:
-        kill_what_is_left(process, tmp_path / "work")
-    assert process.returncode == 79, output
+    output = _run_to_end(tmp_path, path, exit_code=79, timeout=300)
     assert "trainer stopped (run failed, exit code 79), not restarted" in output
     assert "spec.maxFailedSteps" in output
     assert "run failed: spec.maxFailedSteps steps in a row had nothing to train (exit code 79)" in output
@@ -261,12 +268,7 @@ def test_a_trainer_that_refuses_its_data_path_fails_the_run_with_the_reason_on_t
     manifest: dict[str, Any] = yaml.safe_load(path.read_text())
     manifest["spec"]["data"] = {"path": str(tmp_path / "missing.parquet")}
     path.write_text(yaml.safe_dump(manifest))
-    process = _local_run(tmp_path, path)
-    try:
-        output, _ = process.communicate(timeout=300)
-    finally:
-        kill_what_is_left(process, tmp_path / "work")
-    assert process.returncode == 78, output
+    output = _run_to_end(tmp_path, path, exit_code=78, timeout=300)
     assert (
         "trainer stopped (configuration error, exit code 78), not restarted: asyncrl trainer: "
         f"spec.data.path: cannot read data file {tmp_path / 'missing.parquet'}: No such file or directory"
@@ -287,12 +289,7 @@ def _with_template(path: Path, old: str, new: str) -> None:
 
 
 def _refused_before_start(tmp_path: Path, path: Path) -> str:
-    process = _local_run(tmp_path, path)
-    try:
-        output, _ = process.communicate(timeout=120)
-    finally:
-        kill_what_is_left(process, tmp_path / "work")
-    assert process.returncode == 1, output
+    output = _run_to_end(tmp_path, path, exit_code=1, timeout=120)
     assert output.rstrip().endswith("nothing was started"), output
     assert not (tmp_path / "work" / "gateway.log").exists()  # no process of the run was started
     assert not (tmp_path / "work" / "trainer.log").exists()
@@ -347,12 +344,7 @@ def test_an_agent_that_cannot_be_started_says_why_on_the_console_and_in_its_log(
     manifest["spec"]["maxFailedSteps"] = 1
     path.write_text(yaml.safe_dump(manifest))
     _with_template(path, '["python", "-m", "examples.toy_agent.agent"]', f'["{agent}"]')
-    process = _local_run(tmp_path, path)
-    try:
-        output, _ = process.communicate(timeout=300)
-    finally:
-        kill_what_is_left(process, tmp_path / "work")
-    assert process.returncode == 79, output
+    output = _run_to_end(tmp_path, path, exit_code=79, timeout=300)
     assert output.count("ERROR asyncrl.local.agents the agent of rollout") == 1, output
     assert f"failed: cannot start '{agent}': No such file or directory" in output, output
     logs = [log.read_text() for log in (tmp_path / "work" / "agents").glob("*.log")]
