@@ -34,12 +34,31 @@ TEST_IMAGES = {
 _ONE_PER_MACHINE = {"node": "node", "vllm": "vllm"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for marker, group in _ONE_PER_MACHINE.items():
             if item.get_closest_marker(marker) is not None or f"/tests/{marker}/" in str(item.path):
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist sends the worker's test ids to the scheduler
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup` each grouped test's id carries its group (`...@node`), which is what keeps the
+    group on one worker; if pytest-xdist could not add it, two nodes or two vLLM servers would run at once."""
+    if not session.config.getvalue("loadgroup"):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not put {len(lost)} grouped tests in their group (e.g. {lost[0]}); "
+            "the installed pytest and pytest-xdist do not work together (see pytest's pin in pyproject.toml)"
+        )
 
 
 @pytest.fixture(scope="session")

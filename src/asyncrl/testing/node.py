@@ -273,8 +273,10 @@ class NodeCluster:
 
     @property
     def kubelet_root(self) -> Path:
-        assert self.work_dir is not None
-        return self.work_dir / "kubelet"
+        """Under the short run directory, not the work directory: the kubelet binds unix sockets there
+        (pod-resources/<random>), and a path over 107 bytes fails with "bind: invalid argument" (a pytest-xdist
+        worker's tmp_path with a long test name was one)."""
+        return self.run_dir / "kubelet"
 
     @property
     def token(self) -> str:
