@@ -274,8 +274,8 @@ class NodeCluster:
     @property
     def kubelet_root(self) -> Path:
         """Under the short run directory, not the work directory: the kubelet binds unix sockets there
-        (pod-resources/<random>), and a path over 107 bytes fails with "bind: invalid argument" (a pytest-xdist
-        worker's tmp_path with a long test name was one)."""
+        (pod-resources/<random>), and a path over 107 bytes fails with "bind: invalid argument" (a
+        pytest-xdist worker's tmp_path with a long test name was one)."""
         return self.run_dir / "kubelet"
 
     @property
