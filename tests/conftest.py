@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Under `--dist loadgroup` each grouped test's id carries its group (`...@node`), which is what keeps the
     group on one worker; if pytest-xdist could not add it, two nodes or two vLLM servers would run at once."""
-    if not session.config.getvalue("loadgroup"):
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist workers only
         return
     lost = [
         item.nodeid

@@ -235,6 +235,8 @@ def test_a_run_without_status_is_summarised_as_such(
     assert done.returncode == 0, done.stderr
     assert "phase:          (none yet: the operator has not written a status)" in done.stdout
     assert "step:           none finished yet; spec.totalSteps: 10" in done.stdout
+    # No operator is installed on this control plane (the tests start theirs as processes): said so.
+    assert "operator:       no asyncrl operator Deployment found" in done.stdout, done.stdout
 
 
 @_cluster

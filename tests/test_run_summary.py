@@ -84,3 +84,21 @@ def test_a_refused_port_forward_is_reduced_to_the_api_servers_message() -> None:
     )
     assert _stream_reason(Exception(raw)) == '404 Not Found: pods "n1" not found'
     assert _stream_reason(OSError("connection refused")) == "connection refused"
+
+
+def test_a_run_without_status_names_the_operator_that_does_not_watch_its_namespace() -> None:
+    """Issue 37 item 7: such a run was blank, and the summary said only that no status was written."""
+    from asyncrl.run_summary import OperatorWatch, operator_lines
+
+    elsewhere = OperatorWatch("asyncrl-system", "asyncrl-operator", ("team-a", "team-b"))
+    (line,) = operator_lines("team-c", [elsewhere])
+    assert "asyncrl-system/asyncrl-operator watches only team-a, team-b, not team-c" in line
+    assert "watch.namespaces" in line
+    (serving,) = operator_lines("team-a", [elsewhere])
+    assert "watches team-a but has not written a status: is it running?" in serving
+    (everywhere,) = operator_lines("team-c", [OperatorWatch("ops", "asyncrl-operator", None)])
+    assert "ops/asyncrl-operator watches team-c" in everywhere
+    (none,) = operator_lines("team-c", [])
+    assert "no asyncrl operator Deployment found" in none
+    (unknown,) = operator_lines("team-c", None, "listing Deployments: 403: forbidden")
+    assert "not looked up (listing Deployments: 403: forbidden)" in unknown

@@ -27,7 +27,14 @@ from typing import Any
 
 from asyncrl.api.types.meta import GROUP, KIND, PLURAL, VERSION
 from asyncrl.plot import PlotError, draw, read_curves
-from asyncrl.run_summary import EventLine, TrainerMetrics, parse_gauges, summary_lines
+from asyncrl.run_summary import (
+    EventLine,
+    OperatorWatch,
+    TrainerMetrics,
+    operator_lines,
+    parse_gauges,
+    summary_lines,
+)
 from asyncrl.trainer.metrics_server import HISTORY_PATH
 from asyncrl.workloads import names
 
@@ -276,10 +283,45 @@ def require_node(pod: Any, *, what: str) -> None:
 # -- the commands -------------------------------------------------------------------------------------------
 
 
+def installed_operators(cluster: Cluster) -> tuple[list[OperatorWatch] | None, str]:
+    """The asyncrl operator Deployments of the cluster and what each watches (from its --namespace and
+    --all-namespaces arguments); (None, why) when they cannot be listed."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        listing = client.AppsV1Api(cluster.api_client).list_deployment_for_all_namespaces(
+            label_selector="app.kubernetes.io/name=asyncrl-operator"
+        )
+    except ApiException as error:
+        return None, f"listing Deployments: {error.status}: {_api_reason(error)}"
+    found = []
+    deployments: list[Any] = list(listing.items)  # the client's models, read as such
+    for deployment in deployments:
+        args = [
+            arg
+            for container in deployment.spec.template.spec.containers
+            for arg in [*(container.command or []), *(container.args or [])]
+        ]
+        watches = (
+            None
+            if "--all-namespaces" in args
+            else tuple(arg.removeprefix("--namespace=") for arg in args if arg.startswith("--namespace="))
+        )
+        found.append(
+            OperatorWatch(str(deployment.metadata.namespace), str(deployment.metadata.name), watches)
+        )
+    return found, ""
+
+
 def run_summary(args: argparse.Namespace) -> int:
     cluster = connect(args)
     run = read_run(cluster, args.name)
     events = run_events(cluster, args.name)
+    operators: list[str] = []
+    if not (run.get("status") or {}).get("phase"):
+        found, why = installed_operators(cluster)
+        operators = operator_lines(cluster.namespace, found, why)
     trainer = None if args.no_trainer_metrics else trainer_metrics(cluster, args.name)
     if args.output == "json":
         document = {
@@ -299,7 +341,11 @@ def run_summary(args: argparse.Namespace) -> int:
         }
         print(json.dumps(document, indent=2, sort_keys=True))
         return 0
-    print("\n".join(summary_lines(run, events=events, trainer=trainer, now=datetime.now(UTC))))
+    print(
+        "\n".join(
+            summary_lines(run, events=events, trainer=trainer, now=datetime.now(UTC), operators=operators)
+        )
+    )
     return 0
 
 

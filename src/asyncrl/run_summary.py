@@ -71,6 +71,44 @@ class TrainerMetrics:
     unavailable: str | None = None
 
 
+@dataclass(frozen=True)
+class OperatorWatch:
+    """An installed operator (its Deployment) and the namespaces it watches (None: all of them)."""
+
+    namespace: str
+    name: str
+    watches: tuple[str, ...] | None
+
+
+def operator_lines(
+    run_namespace: str, operators: Sequence[OperatorWatch] | None, unknown: str = ""
+) -> list[str]:
+    """For a run without a status: which installed operator would serve it, or why none does. `operators`
+    None: the Deployments could not be listed (`unknown` says why)."""
+    label = "operator:       "
+    if operators is None:
+        return [f"{label}not looked up ({unknown}); is one installed, and does it watch {run_namespace}?"]
+    if not operators:
+        return [
+            f"{label}no asyncrl operator Deployment found (label app.kubernetes.io/name=asyncrl-operator): "
+            "install the chart (docs/install.md)"
+        ]
+    serving = [op for op in operators if op.watches is None or run_namespace in op.watches]
+    if serving:
+        op = serving[0]
+        return [
+            f"{label}{op.namespace}/{op.name} watches {run_namespace} but has not written a status: is it "
+            f"running? (`kubectl get pods -n {op.namespace}`, `kubectl logs -n {op.namespace} "
+            f"deploy/{op.name}`)"
+        ]
+    return [
+        f"{label}{op.namespace}/{op.name} watches only {', '.join(op.watches or ())}, not {run_namespace}: "
+        f"add {run_namespace} to the chart's watch.namespaces (or set watch.clusterWide=true) and upgrade "
+        "the release"
+        for op in operators
+    ]
+
+
 def parse_gauges(exposition: str) -> dict[str, float]:
     """Every unlabelled sample of a Prometheus text exposition, by name; an older trainer's gauge also under
     its current name (`asyncrl_training_reward_mean` as `asyncrl_critic_score_mean`)."""
@@ -115,14 +153,18 @@ def summary_lines(
     events: Sequence[EventLine],
     trainer: TrainerMetrics | None,
     now: datetime,
+    operators: list[str] | None = None,
 ) -> list[str]:
-    """The summary of `run` (an AsyncTrainingRun object as the API returns it)."""
+    """The summary of `run` (an AsyncTrainingRun object as the API returns it); `operators`: the lines of
+    `operator_lines`, for a run without a status."""
     metadata, spec = run.get("metadata") or {}, run.get("spec") or {}
     status: Mapping[str, Any] = run.get("status") or {}
     lines = [f"run:            {metadata.get('namespace')}/{metadata.get('name')}"]
     lines.append(
         f"phase:          {status.get('phase') or '(none yet: the operator has not written a status)'}"
     )
+    if not status.get("phase"):
+        lines.extend(operators or [])
     if status.get("message"):
         lines.append(f"message:        {status['message']}")
     total = spec.get("totalSteps")
