@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncrl.testing.controlplane import free_port
 from asyncrl.testing.processes import start_server
@@ -256,3 +258,66 @@ def test_calls_held_up_to_the_cap_leave_the_trainers_resume_a_connection_and_oth
             assert agent.post(gateway.proxy_path(rollouts[0]), json=chat).status_code == 200
     finally:
         gateway.process.stop()
+
+
+@settings(max_examples=300)
+@given(
+    head_size=st.integers(min_value=0, max_value=300),
+    body=st.binary(max_size=200),
+    cuts=st.lists(st.integers(min_value=1, max_value=600), max_size=40),
+    bare_lf=st.booleans(),
+)
+def test_the_header_count_ends_at_the_blank_line_however_the_bytes_are_split(
+    head_size: int, body: bytes, cuts: list[int], bare_lf: bool
+) -> None:
+    """What `GuardedProtocol` counts as headers, read by read: exactly the head, up to and including its blank
+    line, wherever the reads split it (the blank line itself across two reads too), and never the body."""
+    from asyncrl.gateway.connections import header_part
+
+    newline = b"\n" if bare_lf else b"\r\n"
+    head = b"GET / HTTP/1.1" + newline + b"x: " + b"a" * head_size + newline + newline
+    data = head + body
+    counted, tail, start = 0, b"", 0
+    for cut in sorted({min(cut, len(data)) for cut in cuts} | {len(data)}):
+        chunk = data[start:cut]
+        if not chunk:
+            continue
+        counted += header_part(chunk, tail)
+        if counted >= len(head):  # headers complete: the protocol stops counting here
+            break
+        tail, start = (tail + chunk)[-3:], cut
+    assert counted == len(head)
+
+
+def test_a_blank_line_trickled_a_byte_a_time_then_a_body_is_not_counted_as_headers(
+    strict: RunningGateway,
+) -> None:
+    """A 60 KB head whose blank line arrives a byte per read, the last byte with 10 KB of body: the head is
+    within the 64 KiB limit, so the request is served (422: not a rollout list), not 431."""
+    body = b'{"pad": "' + b"b" * 10_000 + b'"}'
+    head = (
+        f"POST /api/rollouts HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {KEY}\r\n"
+        f"x-padding: {'a' * 60_000}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+    ).encode()
+    with _connect(strict) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sendall(head)
+        for byte in (b"\r", b"\n", b"\r"):
+            time.sleep(0.2)  # separate reads on the gateway's side
+            conn.sendall(byte)
+        time.sleep(0.2)
+        conn.sendall(b"\n" + body)
+        answer = _response_head(conn)
+    assert answer.startswith(b"HTTP/1.1 422"), answer[:200]
+
+
+def test_the_header_count_finds_a_blank_line_sent_a_byte_at_a_time() -> None:
+    from asyncrl.gateway.connections import header_part
+
+    head, body = b"GET / HTTP/1.1\r\nx: y\r\n\r\n", b"z" * 100
+    counted, tail = 0, b""
+    for index in range(len(head) - 1):  # the head a byte a time, then its last byte with the body
+        counted += header_part(head[index : index + 1], tail)
+        tail = (tail + head[index : index + 1])[-3:]
+    counted += header_part(head[-1:] + body, tail)
+    assert counted == len(head)

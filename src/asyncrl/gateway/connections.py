@@ -173,7 +173,7 @@ class GuardedProtocol(HttpToolsProtocol):
             self._start_headers()
         if self._phase is _Phase.HEADERS:  # headers not yet complete: count them before they are parsed
             self._header_bytes += header_part(data, self._header_tail)
-            self._header_tail = data[-3:]
+            self._header_tail = (self._header_tail + data)[-3:]  # reads of one byte keep the last three
             if self._header_bytes > self.guard.limits.max_header_bytes:
                 self._refuse_headers()
                 return
