@@ -140,7 +140,7 @@ class RunController:
         # Agent pods that cannot start: (the kubelet's reason, one line naming a pod and its image).
         self.agents_stuck: tuple[str, str] | None = None
         self._agent_started = False  # an agent pod of this run has run (reported running or done)
-        self._stuck_warned: dict[tuple[str, str], float] = {}  # (reason, image) -> when last warned
+        self._said_at: dict[tuple[str, str], float] = {}  # what an event said once (_say_once) -> when
         self._stuck_failed: set[str] = set()  # pods whose rollouts were failed for not starting
         stored = Reconciler.stored_status(context.run).jobs
         self.link = GatewayLink(
@@ -609,7 +609,7 @@ class RunController:
         if state is RolloutState.RUNNING or state is RolloutState.SUCCEEDED:
             self._agent_started = True
         elif state is RolloutState.FAILED and event_type != "DELETED":
-            await self._warn_once(
+            await self._say_once(
                 ("AgentJobFailed", ""),
                 reason="AgentJobFailed",
                 message=f"agent Job {name} (rollout {rollout_id}) failed: {message}",
@@ -651,8 +651,7 @@ class RunController:
         """Look at the run's agent pods every few seconds: say on the run which cannot start, fail the rollout
         of one that has not started by the start timeout, and the run when none of its agents ever started."""
         selector = (
-            f"{names.LABEL_RUN}={self.context.name},{names.LABEL_COMPONENT}={names.COMPONENT_AGENT},"
-            f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
+            f"{names.AGENT_JOB_SELECTOR},{names.LABEL_RUN}={self.context.name}"  # Jobs' labels, on pods too
         )
         while True:
             await asyncio.sleep(agent_pods.CHECK_SECONDS)
@@ -670,7 +669,7 @@ class RunController:
             self.reconciler.changed()
         now = datetime.now(UTC)
         for pod in stuck:
-            await self._warn_once(
+            await self._say_once(
                 (pod.reason, pod.image),
                 reason="AgentPodCannotStart" if pod.never_starts else "AgentPodCrashing",
                 message=f"agent {pod.describe()}",
@@ -720,28 +719,27 @@ class RunController:
     async def _say_throttled(self, delay: float) -> None:
         """Say on the run (a Normal event, at most once per WARN_AGAIN_SECONDS) that agent launches wait for
         the run's own rate limit: steps that wait for it looked like slow agents (28-36 s instead of 5 s)."""
-        now = time.monotonic()
-        last = self._stuck_warned.get(("throttled", ""))
-        if last is not None and now - last < agent_pods.WARN_AGAIN_SECONDS:
-            return
-        self._stuck_warned[("throttled", "")] = now
         rate = self.context.spec.agents.max_jobs_per_minute
-        message = (
-            f"agent Job creation waits {delay:.1f} s for spec.agents.maxJobsPerMinute ({rate} a minute); "
-            "steps that wait for their rollouts to launch go faster with a higher rate"
+        await self._say_once(
+            ("throttled", ""),
+            reason="AgentLaunchesThrottled",
+            message=f"agent Job creation waits {delay:.1f} s for spec.agents.maxJobsPerMinute ({rate} a "
+            "minute); steps that wait for their rollouts to launch go faster with a higher rate",
+            warning=False,
         )
-        logger.info("run %s: %s", self.context.name, message)
-        await self.kube.post_event(self.context.run, reason="AgentLaunchesThrottled", message=message)
 
-    async def _warn_once(self, key: tuple[str, str], *, reason: str, message: str) -> None:
-        """A Warning event on the run, at most once per `key` per WARN_AGAIN_SECONDS (agents fail alike)."""
+    async def _say_once(
+        self, key: tuple[str, str], *, reason: str, message: str, warning: bool = True
+    ) -> None:
+        """An event on the run (Warning unless `warning` is False), at most once per `key` per
+        WARN_AGAIN_SECONDS: many agents fail alike, and a rate limit is met again and again."""
         now = time.monotonic()
-        last = self._stuck_warned.get(key)
+        last = self._said_at.get(key)
         if last is not None and now - last < agent_pods.WARN_AGAIN_SECONDS:
             return
-        self._stuck_warned[key] = now
-        logger.warning("run %s: %s", self.context.name, message)
-        await self.kube.post_event(self.context.run, reason=reason, message=message, warning=True)
+        self._said_at[key] = now
+        logger.log(logging.WARNING if warning else logging.INFO, "run %s: %s", self.context.name, message)
+        await self.kube.post_event(self.context.run, reason=reason, message=message, warning=warning)
 
     # -- cancellations ------------------------------------------------------------------------------------
 
