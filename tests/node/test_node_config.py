@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 from asyncrl.testing import netns, nodeconfig
+from asyncrl.testing.imagestore import PIN_SUFFIX, pin_name
 from asyncrl.testing.ociimage import ImageConfig, archive_tags, write_image_archive
 
 NETWORK = nodeconfig.NodeNetwork(node_name="asyncrl-abc123", node_address="10.250.7.2")
@@ -93,3 +94,9 @@ def test_an_image_archive_is_reproducible_and_names_its_tag(tmp_path: Path) -> N
         with tarfile.open(fileobj=archive.extractfile(entry["Layers"][0])) as layer:
             assert sorted(layer.getnames()) == ["bin", "bin/tool"]
             assert all(member.uid == 0 and member.mtime == 0 for member in layer.getmembers())
+
+
+def test_a_pin_name_keeps_the_repository_and_never_is_a_build_tag() -> None:
+    assert pin_name("localhost/asyncrl/trainer-cpu:dev") == "localhost/asyncrl/trainer-cpu:dev-" + PIN_SUFFIX
+    assert pin_name("registry:5000/team/op") == "registry:5000/team/op:latest-" + PIN_SUFFIX
+    assert pin_name("asyncrl.local/x@sha256:" + "0" * 64) == "asyncrl.local/x:" + PIN_SUFFIX

@@ -86,6 +86,11 @@ class ImageStore:
             return None
         return [str(name) for name in names]
 
+    def previous_names(self, tarball: Path) -> set[str]:
+        """The image names the last import of `tarball` into this store gave (empty when there was none)."""
+        names = self._stamps().get(str(tarball.resolve()), {}).get("names")
+        return {str(name) for name in names} if isinstance(names, list) else set()
+
     def record_import(self, tarball: Path, names: list[str]) -> None:
         if not self.persistent:
             return
@@ -94,3 +99,18 @@ class ImageStore:
         staging = self._stamps_path.with_suffix(".tmp")
         staging.write_text(json.dumps(stamps, indent=1) + "\n")
         staging.replace(self._stamps_path)
+
+
+PIN_SUFFIX = "asyncrl-import-pin"
+
+
+def pin_name(name: str) -> str:
+    """A second name for the image `name` points at: the same repository, its tag (or "latest") followed by
+    a suffix no build uses (`a/b:dev` -> `a/b:dev-asyncrl-import-pin`)."""
+    repository, _, digest = name.partition("@")
+    if digest:
+        return f"{repository}:{PIN_SUFFIX}"
+    last = repository.rsplit("/", 1)[-1]
+    if ":" in last:
+        return f"{repository}-{PIN_SUFFIX}"
+    return f"{repository}:latest-{PIN_SUFFIX}"

@@ -36,7 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -53,7 +53,7 @@ from asyncrl.testing.controlplane import (
     cache_root,
     log_tail,
 )
-from asyncrl.testing.imagestore import ImageStore
+from asyncrl.testing.imagestore import ImageStore, pin_name
 from asyncrl.testing.noderecord import (
     RUN_DIR,
     NodeRecord,
@@ -418,31 +418,56 @@ class NodeCluster:
                 names += known
                 continue
             started = time.monotonic()
-            done = subprocess.run(
-                [
-                    str(self.tools.ctr),
-                    f"--address={self.containerd_socket}",
-                    f"--namespace={CONTAINERD_NAMESPACE}",
-                    "images",
-                    "import",
-                    f"--snapshotter={self._snapshotter}",
-                    str(path),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=900,
-                check=False,
-            )
-            if done.returncode != 0:
-                raise NodeClusterError(
-                    f"ctr images import {path} failed: {done.stderr.strip() or done.stdout}"
-                )
-            imported = re.findall(r"unpacking (\S+) \(sha256:", done.stdout)
+            with self._previous_build_pinned(self._image_store.previous_names(path) & present):
+                imported = self._ctr_import(path)
             self._image_store.record_import(path, imported)
             names += imported
             logger.info("imported %s in %.1f s", path, time.monotonic() - started)
         self.remove_untagged_images()
         return names
+
+    @contextlib.contextmanager
+    def _previous_build_pinned(self, names: set[str]) -> Iterator[None]:
+        """Keep the images that `names` point at now referenced while a new build of them is imported.
+
+        The import moves each name to the new build before unpacking it, which leaves the previous build
+        unreferenced; containerd's garbage collector may then delete the snapshots of the layers both builds
+        share while the unpack relies on them ("parent snapshot ... does not exist"). A second name on the
+        previous build holds them until the unpack is done."""
+        pins = {name: pin_name(name) for name in names}
+        for name, pin in pins.items():
+            self._ctr("images", "tag", "--force", name, pin)
+        try:
+            yield
+        finally:
+            if pins:
+                with contextlib.suppress(NodeClusterError):
+                    self._ctr("images", "rm", *pins.values())
+
+    def _ctr_import(self, path: Path) -> list[str]:
+        """`ctr images import` of one tarball; the image names it unpacked. A failure that containerd's
+        garbage collector can cause (a parent snapshot gone mid-unpack) is retried once, since the layer is
+        then unpacked again from the content store; any other failure, or a second one, raises."""
+        assert self.tools is not None
+        argv = [
+            str(self.tools.ctr),
+            f"--address={self.containerd_socket}",
+            f"--namespace={CONTAINERD_NAMESPACE}",
+            "images",
+            "import",
+            f"--snapshotter={self._snapshotter}",
+            str(path),
+        ]
+        for attempt in (1, 2):
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+            if done.returncode == 0:
+                return re.findall(r"unpacking (\S+) \(sha256:", done.stdout)
+            message = done.stderr.strip() or done.stdout
+            if attempt == 1 and "does not exist: not found" in message:
+                logger.warning("ctr images import %s: %s; importing it again", path, message)
+                continue
+            raise NodeClusterError(f"ctr images import {path} failed: {message}")
+        raise AssertionError("unreachable")
 
     def remove_untagged_images(self) -> list[str]:
         """Remove the images no name points at any more (the previous build of a re-imported tag): the CRI
