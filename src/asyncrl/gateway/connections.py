@@ -14,7 +14,13 @@ deadline:
   client's pool keeps a connection: see `tests/gateway/test_keep_alive.py`) for a connection that has shown
   a credential, `unproven_idle_timeout_seconds` for one that has not.
 
-A refused credential (401, 403) ends its connection with the answer (`admission.authorize`).
+A refused credential (401, 403) ends its connection with the answer (`admission.authorize`), and so do a 413
+by declared length and a budget 429, before their bodies are read. Closing a socket with unread input makes
+the kernel answer the client's next bytes with a reset, and a client that sends its whole body before it
+reads then gets a broken pipe instead of the answer. So a connection closed after an answer while its
+request's body is still arriving lingers (`LINGER_SECONDS`, `LINGER_MAX_BYTES`): its write side is shut
+(the client sees the end of the answer), and what still arrives is read and dropped until the client closes
+or a bound is reached (nginx's lingering close).
 
 The cap: at most `max_connections` are open. A new connection beyond it makes room by closing an open one
 that is not in a request and has not shown the gateway key: the one with the least proven caller first,
@@ -56,6 +62,10 @@ RESERVED_FILE_DESCRIPTORS = 64
 # Connections allowed above the cap, each only until its request shows a credential: the gateway key's is
 # served, another's gets 429. One descriptor each (no upstream), inside RESERVED_FILE_DESCRIPTORS.
 KEY_RESERVE_CONNECTIONS = 16
+# How long, and how many bytes, a connection closed with its request's body still arriving reads and drops
+# before it closes anyway.
+LINGER_SECONDS = 5.0
+LINGER_MAX_BYTES = 64 * 1024 * 1024
 
 
 class ConnectionLimits(BaseModel):
@@ -97,6 +107,7 @@ class CloseReason(Enum):
     IDLE = "idle"
     ROOM = "room"  # closed to make room for a new connection at the cap
     FULL = "full"  # the new connection itself: every open one is in a request or holds the key
+    LINGER = "linger"  # a refused request's body kept coming past LINGER_SECONDS or LINGER_MAX_BYTES
 
 
 def connection_cap(requested: int, file_descriptor_limit: int) -> int:
@@ -143,6 +154,24 @@ class _Phase(Enum):
     IDLE = "idle"
 
 
+class _LingeringTransport:
+    """The transport as uvicorn sees it: the same, except that `close()` asks the protocol, which lingers
+    when the request's body is still arriving (see the module's docstring)."""
+
+    def __init__(self, raw: asyncio.Transport, protocol: GuardedProtocol) -> None:
+        self._raw = raw
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol._close_after_answer()
+
+    def is_closing(self) -> bool:
+        return self._raw.is_closing() or self._protocol._lingering
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the phases, deadlines and cap above; see `guarded_protocol`."""
 
@@ -155,9 +184,12 @@ class GuardedProtocol(HttpToolsProtocol):
     _header_tail = b""  # the last bytes of the headers so far: an end of headers may span two reads
     _deadline: asyncio.TimerHandle | None = None
     _last_active = 0.0
+    _lingering = False
+    _lingered_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        self._raw = transport
+        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
         self._start_headers()
         cap = self.guard.max_connections
         if len(self.connections) > cap and self._open_connections() > cap:
@@ -168,6 +200,11 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:  # the rest of a refused request: dropped unread
+            self._lingered_bytes += len(data)
+            if self._lingered_bytes > LINGER_MAX_BYTES:
+                self._close(CloseReason.LINGER)
+            return
         self._last_active = self.loop.time()
         if self._phase is _Phase.IDLE:  # a new request's first bytes: its headers start here
             self._start_headers()
@@ -234,19 +271,47 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _close(self, reason: CloseReason) -> None:
         self._deadline = None
-        if not self.transport.is_closing():
+        if not self._raw.is_closing():
             self.guard.on_close(reason)
-            self.transport.close()
+            self._raw.close()
 
     def _refuse_headers(self) -> None:
         self._cancel_deadline()
         self.guard.on_close(CloseReason.HEADER_TOO_LARGE)
         message = b"request headers too large"
-        self.transport.write(
+        self._raw.write(
             b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(message), message)
         )
-        self.transport.close()
+        self._linger()
+
+    # -- closing after an answer ------------------------------------------------------------------------
+
+    def _close_after_answer(self) -> None:
+        """uvicorn closes the connection (an answer with `connection: close`, a shutdown, a lost client):
+        at once when the request was read to its end, else lingering."""
+        if self._lingering or self._raw.is_closing():
+            return
+        if self.cycle is not None and self.cycle.more_body and not self.cycle.disconnected:
+            self._linger()
+        else:
+            self._raw.close()
+
+    def _linger(self) -> None:
+        """End the answer (FIN), then read and drop what the client still sends until it closes (then
+        `eof_received`) or LINGER_SECONDS or LINGER_MAX_BYTES pass."""
+        self._lingering = True
+        if not self._raw.can_write_eof():
+            self._raw.close()
+            return
+        self._raw.write_eof()
+        self._raw.resume_reading()
+        self._arm(LINGER_SECONDS, CloseReason.LINGER)
+
+    def eof_received(self) -> None:
+        if self._lingering:
+            self._cancel_deadline()
+            self._raw.close()
 
     # -- the cap --------------------------------------------------------------------------------------------
 
