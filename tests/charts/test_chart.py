@@ -173,6 +173,7 @@ def test_default_values_render_a_hardened_single_operator_for_the_release_namesp
         "capabilities": {"drop": ["ALL"]},
     }
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert {port["name"]: port["containerPort"] for port in container["ports"]} == {
         "health": 8080,
         "metrics": 9090,
@@ -570,6 +571,12 @@ def test_helm_install_runs_the_operator_with_the_charts_rbac_and_uninstall_keeps
             lambda: _try(lambda: _get_url(f"http://127.0.0.1:{health_port}/healthz")),
             timeout=180,
             what="/healthz",
+        )
+        # Ready: the chart's RBAC grants every permission the operator's review asks the API server about.
+        wait_for(
+            lambda: _try(lambda: _get_url(f"http://127.0.0.1:{health_port}/readyz")),
+            timeout=120,
+            what="/readyz 200 under the chart's RBAC",
         )
     except AssertionError as error:
         raise AssertionError(f"{error}\noperator pod log:\n{log_path.read_text()[-4000:]}") from error

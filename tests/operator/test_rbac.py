@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
-from asyncrl.testing.controlplane import ControlPlane
+from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import ServerProcess
 from asyncrl.testing.waiting import wait_for
@@ -225,6 +226,85 @@ def test_the_namespaced_role_is_enough_for_a_run_to_succeed(
     # Either kopf was denied the namespace listing and fell back to the exact --namespace, or it never tried.
     log = operator.log()
     assert ("Not enough permissions to list namespaces" in log) == bool(EXPECTED_DENIAL.search(log))
+
+
+def test_an_operator_without_its_role_in_a_namespace_is_not_ready_and_says_what_is_missing(
+    api_client: Any,
+    namespace: str,
+    kubectl: list[str],
+    install_rbac: Any,
+    installed_crd: Path,
+    tmp_path: Path,
+) -> None:
+    """Issue 37 item 8: with `--namespace` of a namespace where its ServiceAccount has no Role, every request
+    there is refused. Before, `/healthz` said 200, no error was counted and runs there stayed blank. Now
+    `/readyz` is 503 naming the namespace, the permissions and the fix, the refusals are counted, and binding
+    the Role there makes it ready within a review (30 s), without a restart."""
+    from kubernetes import client
+
+    installed: Installed = install_rbac("role.yaml")
+    other = f"{namespace}-b"
+    client.CoreV1Api(api_client).create_namespace({"metadata": {"name": other}})
+    health, metrics = free_port(), free_port()
+    operator = start_operator_process(
+        kubeconfig=installed.kubeconfig,
+        scope=["--namespace", namespace, "--namespace", other],
+        log_path=tmp_path / "operator-two-namespaces.log",
+        extra_args=[f"--metrics-port={metrics}"],
+        health_port=health,
+    )
+    try:
+        ready = f"http://127.0.0.1:{health}/readyz"
+        answer = wait_for(
+            lambda: (lambda r: r if r.status_code == 503 and "missing" in r.json() else None)(
+                httpx.get(ready, timeout=10)
+            ),
+            timeout=120,
+            what="/readyz naming the missing permissions",
+        )
+        body = answer.json()
+        assert body["ready"] is False
+        assert {entry["namespace"] for entry in body["missing"]} == {other}, body
+        assert "list asynctrainingruns.asyncrl.dev" in {entry["permission"] for entry in body["missing"]}
+        assert f"in namespace {other}" in body["reason"]
+        assert "operator/rbac/role.yaml" in body["reason"]
+        assert httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=10).status_code == 200  # alive
+        scrape = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=10).text
+        labels = f'namespace="{other}",permission="create jobs.batch"'
+        series = f"asyncrl_operator_missing_permissions{{{labels}}} 1.0"
+        assert series in scrape, scrape
+        wait_for(
+            lambda: re.search(
+                r'asyncrl_operator_errors_total\{kind="forbidden"\} [1-9]',
+                httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=10).text,
+            ),
+            timeout=120,
+            what="the refused requests counted",
+        )
+        assert "not ready: " in operator.log()
+        assert other in operator.log()
+
+        # The fix the reason names: the operator's Role in the other namespace too.
+        role = next(doc for doc in installed.documents if doc["kind"] == "Role")
+        binding = next(doc for doc in installed.documents if doc["kind"] == "RoleBinding")
+        moved = [{**doc, "metadata": {**doc["metadata"], "namespace": other}} for doc in (role, binding)]
+        done = subprocess.run(
+            [*kubectl, "apply", "-f", "-"],
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": moved}),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        wait_for(
+            lambda: httpx.get(ready, timeout=10).status_code == 200,
+            timeout=120,
+            what="/readyz 200 once the Role is bound",
+        )
+        assert operator.process.poll() is None, operator.log()
+    finally:
+        operator.stop()
+        client.CoreV1Api(api_client).delete_namespace(other)
 
 
 def test_without_kuberay_rbac_a_multi_node_run_fails_once_naming_the_chart_value(

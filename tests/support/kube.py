@@ -236,11 +236,16 @@ def pod_base_env() -> dict[str, str]:
 
 
 def start_operator_process(
-    *, kubeconfig: Path, scope: Sequence[str], log_path: Path, extra_args: Sequence[str] = ()
+    *,
+    kubeconfig: Path,
+    scope: Sequence[str],
+    log_path: Path,
+    extra_args: Sequence[str] = (),
+    health_port: int | None = None,
 ) -> ServerProcess:
     """`asyncrl operator <scope>` (`--namespace <name>` or `--all-namespaces`) as a real process with the
-    identity of `kubeconfig`, returned once its health endpoint answers."""
-    health = free_port()
+    identity of `kubeconfig`, returned once its liveness endpoint answers (on `health_port` when given)."""
+    health = health_port or free_port()
     return start_server(
         [
             sys.executable,

@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import copy
 import functools
+import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +33,7 @@ from asyncrl.api.types.status import Condition, ConditionStatus, Phase, with_con
 from asyncrl.operator.diffbase import RunDiffBaseStorage
 from asyncrl.operator.dispatcher.agent_pods import DEFAULT_START_TIMEOUT_SECONDS
 from asyncrl.operator.dispatcher.controller import RunController
+from asyncrl.operator.health import HealthServer, Readiness, review_forever
 from asyncrl.operator.kube import JSON, Kube, LabelWatch, count_requests
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.reconciliation import children_io, ray_child
@@ -53,6 +55,7 @@ class OperatorConfig:
     api_client: Any = None
     render: RenderSettings = field(default_factory=RenderSettings)  # agent templates: pod policy and limits
     agent_start_timeout_seconds: float = DEFAULT_START_TIMEOUT_SECONDS  # dispatcher/agent_pods.py
+    health_port: int = 0  # /healthz and /readyz (operator/health.py); 0: not served
 
 
 @dataclass
@@ -65,6 +68,9 @@ class Runtime:
     watches: list[LabelWatch] = field(default_factory=list)
     runs: dict[tuple[str, str], _RunTask] = field(default_factory=dict)
     index: ChildIndex = field(default_factory=ChildIndex)
+    readiness: Readiness = field(default_factory=Readiness)
+    health: HealthServer | None = None
+    permissions_review: asyncio.Task[None] | None = None
 
     def watch(self, kind: str, namespace: str | None) -> None:
         """Start the label-selected watch of one kind of our objects in one scope."""
@@ -111,6 +117,18 @@ CLAIM_RETRY_SECONDS = 15  # how soon a run waiting for its checkpoint claim look
 RESTART_BACKOFF = Backoff(first_seconds=10.0, max_seconds=60.0, jitter_seconds=2.0)
 
 
+class ForeverBackoffs:
+    """kopf's first retry delays, then one every 30 s, without end. An iterable kopf iterates afresh for each
+    request (an iterator would be shared, and used up, across requests)."""
+
+    FIRST: tuple[float, ...] = (1, 1, 2, 3, 5, 8, 13, 21)
+    THEN = 30.0
+
+    def __iter__(self) -> Iterator[float]:
+        yield from self.FIRST
+        yield from itertools.repeat(self.THEN)
+
+
 def _runtime(memo: Any) -> Runtime:
     runtime: Runtime = memo.runtime
     return runtime
@@ -142,13 +160,19 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     settings.persistence.diffbase_storage = RunDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.WARNING
+    # kopf's default gives up on a failing API call after 8 retries (about a minute), and a failed watch then
+    # ends the whole operator: one namespace without the operator's Role (403) stopped the runs of every
+    # other namespace too. It retries forever instead; readiness and the log say what is missing.
+    settings.networking.error_backoffs = ForeverBackoffs()
     config: OperatorConfig = memo.config
     # With explicit namespaces there is nothing to discover: skip kopf's cluster-wide namespace scan, which
     # the least-privilege namespaced RBAC denies (kopf retried it for about a minute before handling runs).
     settings.scanning.disabled = bool(config.namespaces)
     metrics: OperatorMetrics = memo.metrics
     count_requests(
-        config.api_client, lambda verb, resource: metrics.api_requests.labels(verb, resource).inc()
+        config.api_client,
+        lambda verb, resource: metrics.api_requests.labels(verb, resource).inc(),
+        lambda status: metrics.errors.labels("forbidden" if status == 403 else "unauthorized").inc(),
     )
     runtime = Runtime(
         config=config,
@@ -157,6 +181,13 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         renderer=TemplateRenderer(config.render),
     )
     memo.runtime = runtime
+    if config.health_port:
+        runtime.health = HealthServer(config.health_port, runtime.readiness)
+        await runtime.health.start()
+    runtime.permissions_review = asyncio.create_task(
+        review_forever(config.api_client, config.namespaces or [""], runtime.readiness, metrics),
+        name="permissions-review",
+    )
     scopes: list[str | None] = list(config.namespaces) or [None]
     for namespace in scopes:
         for kind in WATCHED_KINDS:
@@ -166,6 +197,10 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
 @kopf.on.cleanup()
 async def _cleanup(memo: Any, **_: Any) -> None:
     runtime = _runtime(memo)
+    if runtime.permissions_review is not None:
+        runtime.permissions_review.cancel()
+    if runtime.health is not None:
+        await runtime.health.stop()
     for watch in runtime.watches:
         watch.stop()
     for key in list(runtime.runs):

@@ -7,6 +7,7 @@ event loop (kopf's) never blocks. Bodies and results are plain JSON dicts, the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -38,6 +39,22 @@ def warning_texts(header_values: list[str]) -> list[str]:
     return texts
 
 
+WATCH_RETRY_MAX_SECONDS = 30.0
+
+
+def api_error_line(error: BaseException) -> str:
+    """One line for the log: the API server's status and message, not the client's dump of every header."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(error, ApiException):
+        message = ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            message = str(json.loads(error.body or "").get("message") or "")
+        return f"{error.status} {error.reason}" + (f": {message}" if message else "")
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
 def request_labels(method: str, url: str) -> tuple[str, str]:
     """(verb, resource) of one Kubernetes API request, as the API server's own metrics name them: GET is
     `get` for one object, `list` for a collection and `watch` with `watch=true`; the resource is
@@ -61,14 +78,29 @@ def request_labels(method: str, url: str) -> tuple[str, str]:
     return verb, resource
 
 
-def count_requests(api_client: Any, counted: Callable[[str, str], None]) -> None:
-    """Call `counted(verb, resource)` for every request the client makes (its REST layer, every thread)."""
+def count_requests(
+    api_client: Any,
+    counted: Callable[[str, str], None],
+    refused: Callable[[int], None] = lambda status: None,
+) -> None:
+    """Call `counted(verb, resource)` for every request the client makes (its REST layer, every thread), and
+    `refused(status)` for each the API server answered 401 or 403."""
+    from kubernetes.client.exceptions import ApiException
+
     rest = api_client.rest_client
     request = rest.request
 
     def counting(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         counted(*request_labels(method, url))
-        return request(method, url, *args, **kwargs)
+        try:
+            response = request(method, url, *args, **kwargs)
+        except ApiException as error:  # clients that raise in the REST layer
+            if error.status in (401, 403):
+                refused(error.status)
+            raise
+        if getattr(response, "status", None) in (401, 403):  # the client raises later, from this response
+            refused(response.status)
+        return response
 
     rest.request = counting
 
@@ -380,12 +412,14 @@ class LabelWatch:
         from kubernetes import watch
 
         resource_version = ""
+        failures = 0
         while not self._stopping.is_set():
             try:
                 if not resource_version:
                     listing = json.loads(
                         self._list(label_selector=names.MANAGED_SELECTOR, _preload_content=False).data
                     )
+                    failures = 0
                     resource_version = listing["metadata"]["resourceVersion"]
                     items = listing.get("items") or []  # null in an empty metadata-only listing
                     self._loop.call_soon_threadsafe(self.listed, items)
@@ -410,8 +444,15 @@ class LabelWatch:
             except Exception as error:
                 if self._stopping.is_set():
                     return
+                failures += 1
+                # 1 s, doubling to 30 s while it keeps failing (a missing Role: 403 until it is bound).
+                delay = min(WATCH_RETRY_MAX_SECONDS, 2.0 ** (failures - 1))
                 logger.warning(
-                    "%s watch (%s) failed, relisting: %s", self.kind, self.namespace or "all", error
+                    "%s watch (%s) failed, relisting in %.0f s: %s",
+                    self.kind,
+                    self.namespace or "all",
+                    delay,
+                    api_error_line(error),
                 )
                 resource_version = ""
-                self._stopping.wait(1.0)
+                self._stopping.wait(delay)

@@ -27,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
     parser.add_argument(
-        "--health-port", type=int, default=0, help="serve kopf's liveness probe here (0: off)"
+        "--health-port",
+        type=int,
+        default=0,
+        help="serve /healthz (liveness) and /readyz (503 naming any permission the operator lacks) here "
+        "(0: off)",
     )
     parser.add_argument(
         "--peering",
@@ -132,13 +136,13 @@ def run(args: argparse.Namespace) -> int:
         api_client=_api_client(args.kubeconfig),
         render=render_settings(args),
         agent_start_timeout_seconds=args.agent_start_timeout_seconds,
+        health_port=args.health_port,
     )
     kopf.run(
         clusterwide=bool(args.all_namespaces),
         namespaces=list(args.namespace),
         standalone=args.peering is None,
         peering_name=args.peering,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
         memo=kopf.Memo(config=config, metrics=metrics),
     )
     return 0

@@ -43,6 +43,12 @@ class OperatorMetrics:
             registry=self.registry,
         )
         self.errors = Counter("asyncrl_operator_errors", "Errors by kind.", ["kind"], registry=self.registry)
+        self.missing_permissions = Gauge(
+            "asyncrl_operator_missing_permissions",
+            "1 for each permission the operator needs and may not use, by namespace (empty: cluster-wide).",
+            ["namespace", "permission"],
+            registry=self.registry,
+        )
         self.api_requests = Counter(
             "asyncrl_operator_api_requests",
             "Kubernetes API requests of the operator's client by verb and resource (kopf's own not counted).",
