@@ -23,7 +23,12 @@ export CGO_ENABLED=0
 step() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'provision-kuberay: error: %s\n' "$*" >&2; exit 1; }
 
-if [ -x "$KUBERAY_DIR/bin/ray-operator" ] && [ -s "$KUBERAY_DIR/crds/ray.io_rayclusters.yaml" ]; then
+# Every CRD the operator watches: without RayJob's and RayService's it waits for their caches and exits after
+# two minutes ("timed out waiting for cache to be synced"), as a user's KubeRay would without them.
+CRDS="ray.io_rayclusters.yaml ray.io_rayjobs.yaml ray.io_rayservices.yaml"
+all_crds() { for crd in $CRDS; do [ -s "$KUBERAY_DIR/crds/$crd" ] || return 1; done; }
+
+if [ -x "$KUBERAY_DIR/bin/ray-operator" ] && all_crds; then
   step "KubeRay v$KUBERAY_VERSION present in $KUBERAY_DIR"
   echo "$KUBERAY_DIR"
   exit 0
@@ -34,11 +39,13 @@ start=$(date +%s)
 module_dir=$(go mod download -json "$MODULE@v$KUBERAY_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
 [ -n "$module_dir" ] && [ -d "$module_dir/config/crd/bases" ] \
   || die "could not download $MODULE@v$KUBERAY_VERSION from the Go module proxy ($(go env GOPROXY))"
-step "building ray-operator v$KUBERAY_VERSION (go install $MODULE)"
-# The module has no replace directives, so `go install module@version` builds exactly its go.sum graph.
-GOBIN="$KUBERAY_DIR/bin.tmp" go install -trimpath -ldflags "-s -w" "$MODULE@v$KUBERAY_VERSION" >&2
-mv "$KUBERAY_DIR/bin.tmp/ray-operator" "$KUBERAY_DIR/bin/ray-operator" && rmdir "$KUBERAY_DIR/bin.tmp"
-for crd in ray.io_rayclusters.yaml ray.io_rayjobs.yaml; do
+if [ ! -x "$KUBERAY_DIR/bin/ray-operator" ]; then
+  step "building ray-operator v$KUBERAY_VERSION (go install $MODULE)"
+  # The module has no replace directives, so `go install module@version` builds exactly its go.sum graph.
+  GOBIN="$KUBERAY_DIR/bin.tmp" go install -trimpath -ldflags "-s -w" "$MODULE@v$KUBERAY_VERSION" >&2
+  mv "$KUBERAY_DIR/bin.tmp/ray-operator" "$KUBERAY_DIR/bin/ray-operator" && rmdir "$KUBERAY_DIR/bin.tmp"
+fi
+for crd in $CRDS; do
   install -m 0644 "$module_dir/config/crd/bases/$crd" "$KUBERAY_DIR/crds/$crd"
 done
 step "KubeRay v$KUBERAY_VERSION ready in $KUBERAY_DIR ($(( $(date +%s) - start ))s)"

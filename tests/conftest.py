@@ -27,10 +27,8 @@ TEST_IMAGES = {
 
 
 # With pytest-xdist (`make pytest` runs two workers) each worker starts its own control plane and pod runner
-# (free loopback ports, temporary directories), and its own real node and vLLM server when its share of the
-# tests needs them (a node picks a subnet and a name no other node uses). Keeping the node's and vLLM's tests
-# on one worker (`--dist loadgroup`) was measured slower on 2 cores: both groups ran at the same time, each
-# serially (CI, 2026-12-07).
+# (free loopback ports, temporary directories). Tests are shared out by whole scopes, the longest first
+# (pytest_xdist_make_scheduler below), so the real node and the vLLM server start on one worker each.
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +74,11 @@ def namespace(api_client: Any) -> Iterator[str]:
 def kubectl(control_plane: ControlPlane) -> list[str]:
     """argv prefix for the provisioned kubectl pointed at the test control plane."""
     return kubectl_for(control_plane)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (`-p no:xdist`) must not refuse it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole scopes per worker, the longest first (tests/support/scheduling.py)."""
+    from tests.support.scheduling import LongestScopeFirst
+
+    return LongestScopeFirst(config, log)

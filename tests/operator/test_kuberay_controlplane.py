@@ -38,7 +38,7 @@ from asyncrl.testing.controlplane import ControlPlane, free_port
 from asyncrl.testing.kuberay_pods import KubeRayLocalPods
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.processes import start_server
-from asyncrl.testing.waiting import wait_for
+from asyncrl.testing.waiting import WaitTimeout, wait_for
 from asyncrl.workloads import names
 from asyncrl.workloads.ray_cluster import RAY_CLUSTER_PLURAL, RAY_GROUP
 from tests.api.conftest import EXAMPLES
@@ -100,12 +100,15 @@ def kubectl_of(plane: ControlPlane) -> list[str]:
 def kuberay(
     plane: ControlPlane, kubectl_of: list[str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """The CRDs (ours and KubeRay's, applied as a user would) and the KubeRay operator process."""
-    crds = [REPO / "crds", kuberay_dir() / "crds" / "ray.io_rayclusters.yaml"]
+    """The CRDs (ours and all of KubeRay's, applied as a user would) and the KubeRay operator process. Without
+    the RayJob and RayService CRDs, KubeRay waits for their caches and exits after two minutes, and the tests
+    that came later in the module waited for pods no one created."""
+    ray_crds = ("rayclusters", "rayjobs", "rayservices")
+    crds = [REPO / "crds", *(kuberay_dir() / "crds" / f"ray.io_{plural}.yaml" for plural in ray_crds)]
     for path in crds:
         done = kubectl_run(kubectl_of, "apply", "--server-side", "--force-conflicts", "-f", str(path))
         assert done.returncode == 0, done.stderr
-    for crd in ("asynctrainingruns.asyncrl.dev", "rayclusters.ray.io"):
+    for crd in ("asynctrainingruns.asyncrl.dev", *(f"{plural}.ray.io" for plural in ray_crds)):
         wait_established(kubectl_of, crd)
     health = free_port()
     operator = start_server(
@@ -123,6 +126,7 @@ def kuberay(
         timeout_seconds=120,
     )
     yield
+    assert operator.process.poll() is None, f"KubeRay's operator exited:\n{operator.log()[-3000:]}"
     operator.stop()
 
 
@@ -196,7 +200,10 @@ def _ray_pods_and_operator(
                 kubeconfig=plane.kubeconfig, scope=["--namespace", ns], log_path=tmp_path / "operator.log"
             )
             try:
-                yield runner
+                try:
+                    yield runner
+                except WaitTimeout as error:  # what Ray's processes said: their logs go with the runner
+                    raise WaitTimeout(f"{error}\n{_pod_log_tails(runner, operator.log())}") from error
                 # Where a head got going (a run that fails at once may have its pods deleted before), its
                 # session is under the test's temp dir, not the host's /tmp/ray.
                 logs = (runner.work_dir / "pods").glob("*/*.log")
@@ -206,6 +213,15 @@ def _ray_pods_and_operator(
                 operator.stop()
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _pod_log_tails(runner: PodRunner, operator_log: str, lines: int = 25) -> str:
+    """The last lines of every container's log of the test's pods, and of the operator's."""
+    parts = ["--- operator:\n" + "\n".join(operator_log.splitlines()[-lines:])]
+    for log in sorted((runner.work_dir / "pods").glob("*/*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.parent.name}/{log.name}:\n" + "\n".join(tail))
+    return "\n".join(parts)
 
 
 def _multi_node_manifest(name: str) -> dict[str, Any]:
