@@ -207,6 +207,13 @@ def test_a_gateway_killed_mid_run_is_restarted_and_the_run_finishes_with_every_s
     assert [int(row["step"]) for row in _metrics(tmp_path)] == [0, 1, 2, 3, 4, 5]
     assert "finished: trained steps 0-5 (6 steps; 6 in this process)" in log
     assert processes_of_run(tmp_path / "work") == []
+    # Issue 37 item 4: every agent launched is in exactly one part of the summary's rollouts line, the agents
+    # the restart stopped included (before, "N ended" left them out and did not add up to the launches).
+    (line,) = [line for line in output.splitlines() if line.startswith("  rollouts: ")]
+    launched, _, parts = line.removeprefix("  rollouts: ").partition(" launched: ")
+    numbers = [int(word) for word in parts.replace(",", " ").replace(";", " ").split() if word.isdigit()]
+    assert int(launched) == sum(numbers), line
+    assert int(launched) == len(list((tmp_path / "work" / "agents").glob("*.log"))), line
 
 
 def test_ctrl_c_stops_every_process_of_the_run_agents_included_within_10_seconds(tmp_path: Path) -> None:

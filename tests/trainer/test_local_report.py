@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.gateway_api.models import GatewayStats, WindowSummary
-from asyncrl.local.report import COLUMNS, RunTally, header
+from asyncrl.local.report import COLUMNS, AgentCounts, RunTally, header
 
 
 def _summary(step: int, reward: float) -> WindowSummary:
@@ -62,3 +62,29 @@ def test_a_run_that_trained_nothing_says_so_and_gives_no_reward() -> None:
     lines = RunTally().summary(outcome="failed: x (exit code 78)", work_dir=Path("/w"), metrics_file=None)
     assert lines[:2] == ["run failed: x (exit code 78)", "  steps:    none trained"]
     assert not any("reward" in line for line in lines)
+
+
+def test_every_launched_agent_is_in_exactly_one_place_of_the_summary() -> None:
+    """Issue 37 item 4: 336 agents were launched and the summary said "308 ended"; 21 of the missing 28 were
+    stopped when the gateway restarted. Now the parts add up to the agents launched, each part named."""
+    tally = RunTally()
+    tally.record_stats(_stats({"instance_id": "a", "finished_totals": {"succeeded": 150, "failed": 4}}))
+    tally.record_stats(_stats({"instance_id": "b", "finished_totals": {"succeeded": 150, "cancelled": 4}}))
+    counts = AgentCounts(launched=336, lost_with_gateway=21, stopped_at_end=3)
+    line = tally.rollouts_line(counts)
+    assert line == (
+        "  rollouts: 336 launched: 300 succeeded, 4 failed, 0 timed out, 4 cancelled; "
+        "21 stopped when the gateway restarted and lost them; 3 stopped when the run ended; "
+        "4 ended in a gateway killed before it reported them (1 restart)"
+    )
+    numbers = [int(word) for word in line.replace(";", ",").replace(":", ",").split() if word.isdigit()]
+    assert numbers[0] == sum(numbers[1:])  # launched == every part ("(1 restart)" is not a part)
+
+
+def test_without_a_restart_a_gap_is_not_blamed_on_one_and_asks_to_be_reported() -> None:
+    tally = RunTally()
+    tally.record_stats(_stats({"instance_id": "a", "finished_totals": {"succeeded": 10}}))
+    line = tally.rollouts_line(AgentCounts(launched=12, lost_with_gateway=0, stopped_at_end=1))
+    assert line.endswith("; 1 stopped when the run ended; 1 not accounted for (please report this)")
+    no_agents = tally.rollouts_line(None)
+    assert no_agents == "  rollouts: 10 ended: 10 succeeded, 0 failed, 0 timed out, 0 cancelled"

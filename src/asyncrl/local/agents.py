@@ -78,6 +78,7 @@ class LocalAgents:
         self.active = 0
         self.started = 0
         self.stopped = 0  # agents killed by stop_all (the run ending), for the run's report
+        self.lost_with_gateway = 0  # agents stopped because a restarted gateway lost their rollouts
         self.template_error: str | None = None
         self.first_failure: str | None = None  # the first agent that failed, and why: shown on the console
         self._tasks: dict[asyncio.Task[None], str | None] = {}  # agent task -> gateway instance it works for
@@ -121,6 +122,7 @@ class LocalAgents:
         instance_id = (await self.gateway.stats()).instance_id
         if self._instance_id is not None and instance_id != self._instance_id:
             orphaned = [task for task, instance in self._tasks.items() if instance != instance_id]
+            self.lost_with_gateway += len(orphaned)
             for task in orphaned:
                 task.cancel()
             await asyncio.gather(*orphaned, return_exceptions=True)

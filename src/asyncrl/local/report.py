@@ -22,6 +22,15 @@ def header() -> str:
     return "  ".join(f"{column:>10}" for column in COLUMNS)
 
 
+@dataclass(frozen=True)
+class AgentCounts:
+    """What the local agent runner saw: agents launched, and those it stopped before their rollout ended."""
+
+    launched: int
+    lost_with_gateway: int  # stopped because a restarted gateway no longer held their rollouts
+    stopped_at_end: int  # still running when the run ended
+
+
 @dataclass
 class RunTally:
     """Steps, rewards and rollout outcomes seen so far in one local run."""
@@ -65,7 +74,38 @@ class RunTally:
         )
         return "  ".join(f"{value!s:>10}" for value in values)
 
-    def summary(self, *, outcome: str, work_dir: Path, metrics_file: Path | None) -> list[str]:
+    def rollouts_line(self, agents: AgentCounts | None) -> str:
+        """Every launched agent's rollout in exactly one place: an outcome the gateway counted, stopped with
+        a gateway that restarted (it lost their rollouts), stopped when the run ended, or ended in a gateway
+        instance killed before it reported them. Without `agents` (none launched), the gateway's outcomes."""
+        ended = {state: self.count(state) for state in OUTCOMES}
+        assert set(OUTCOMES) == TERMINAL_STATES
+        by_outcome = ", ".join(f"{count} {state.value.replace('_', ' ')}" for state, count in ended.items())
+        total = sum(ended.values())
+        if agents is None or agents.launched == 0:
+            return f"  rollouts: {total} ended: {by_outcome}"
+        parts = [by_outcome]
+        restarts = len(self._totals) - 1
+        if agents.lost_with_gateway:
+            parts.append(f"{agents.lost_with_gateway} stopped when the gateway restarted and lost them")
+        if agents.stopped_at_end:
+            parts.append(f"{agents.stopped_at_end} stopped when the run ended")
+        rest = agents.launched - total - agents.lost_with_gateway - agents.stopped_at_end
+        if rest > 0:
+            plural = "s" if restarts != 1 else ""
+            where = (
+                f"ended in a gateway killed before it reported them ({restarts} restart{plural})"
+                if restarts
+                else "not accounted for (please report this)"
+            )
+            parts.append(f"{rest} {where}")
+        elif rest < 0:
+            parts.append(f"{-rest} of them without an agent (cancelled or timed out before one started)")
+        return f"  rollouts: {agents.launched} launched: " + "; ".join(parts)
+
+    def summary(
+        self, *, outcome: str, work_dir: Path, metrics_file: Path | None, agents: AgentCounts | None = None
+    ) -> list[str]:
         """The lines printed when the run ends, whatever ended it."""
         lines = [f"run {outcome}"]
         if self.first_step is None or self.last_step is None:
@@ -73,11 +113,7 @@ class RunTally:
         else:
             n_steps = self.last_step - self.first_step + 1
             lines.append(f"  steps:    {n_steps} (step {self.first_step} to {self.last_step})")
-        ended = {state: self.count(state) for state in OUTCOMES}
-        assert set(OUTCOMES) == TERMINAL_STATES
-        total = sum(ended.values())
-        by_outcome = ", ".join(f"{count} {state.value.replace('_', ' ')}" for state, count in ended.items())
-        lines.append(f"  rollouts: {total} ended: {by_outcome}")
+        lines.append(self.rollouts_line(agents))
         if self.first_reward is not None and self.last_reward is not None:
             lines.append(
                 f"  reward:   {self.first_reward:.3f} (step {self.first_step}) -> "

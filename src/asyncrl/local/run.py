@@ -34,7 +34,7 @@ from asyncrl.launch.commands import gateway_args, trainer_args
 from asyncrl.launch.processes import KILL_WAIT_SECONDS, free_port, stop_process_groups
 from asyncrl.local.agents import LocalAgents, last_line
 from asyncrl.local.preflight import preflight_problems
-from asyncrl.local.report import RunTally, header
+from asyncrl.local.report import AgentCounts, RunTally, header
 from asyncrl.manifest.files import ManifestError, read_manifest
 from asyncrl.plot import plot_hint
 from asyncrl.trainer.failures import EXIT_CODES, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, PERMANENT_EXIT_CODES
@@ -311,7 +311,18 @@ async def run_locally(args: argparse.Namespace) -> int:
             checkpoint_dir=checkpoint_dir, metrics_file=args.metrics_file, wandb_dir=work_dir
         )
         metrics_file = places.metrics_file.absolute() if places.metrics_file is not None else None
-        for line in tally.summary(outcome=outcome, work_dir=work_dir, metrics_file=metrics_file):
+        counts = (
+            AgentCounts(
+                launched=agents.started,
+                lost_with_gateway=agents.lost_with_gateway,
+                stopped_at_end=agents.stopped,
+            )
+            if agents is not None
+            else None
+        )
+        for line in tally.summary(
+            outcome=outcome, work_dir=work_dir, metrics_file=metrics_file, agents=counts
+        ):
             out.write(line + "\n")
         out.write(plot_hint(metrics_file))
         out.flush()
