@@ -127,6 +127,17 @@ class Installed:
         return done.stdout.strip() == "yes"
 
 
+def _apply_list(kubectl: list[str], documents: list[dict[str, Any]]) -> None:
+    done = subprocess.run(
+        [*kubectl, "apply", "-f", "-"],
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture
 def install_rbac(
     api_client: Any, control_plane: ControlPlane, kubectl: list[str], namespace: str, tmp_path: Path
@@ -136,14 +147,7 @@ def install_rbac(
 
     def install(file_name: str) -> Installed:
         documents = load_rbac(RBAC_DIR / file_name, namespace=namespace, suffix=uuid.uuid4().hex[:8])
-        done = subprocess.run(
-            [*kubectl, "apply", "-f", "-"],
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
+        _apply_list(kubectl, documents)
         applied.extend(documents)
         kubeconfig = service_account_kubeconfig(
             api_client,
@@ -287,15 +291,9 @@ def test_an_operator_without_its_role_in_a_namespace_is_not_ready_and_says_what_
         # The fix the reason names: the operator's Role in the other namespace too.
         role = next(doc for doc in installed.documents if doc["kind"] == "Role")
         binding = next(doc for doc in installed.documents if doc["kind"] == "RoleBinding")
-        moved = [{**doc, "metadata": {**doc["metadata"], "namespace": other}} for doc in (role, binding)]
-        done = subprocess.run(
-            [*kubectl, "apply", "-f", "-"],
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": moved}),
-            capture_output=True,
-            text=True,
-            check=False,
+        _apply_list(
+            kubectl, [{**doc, "metadata": {**doc["metadata"], "namespace": other}} for doc in (role, binding)]
         )
-        assert done.returncode == 0, done.stderr
         wait_for(
             lambda: httpx.get(ready, timeout=10).status_code == 200,
             timeout=120,
