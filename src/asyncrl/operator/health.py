@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -24,7 +24,6 @@ class Readiness:
     """What `/readyz` says: not ready until the first review, then ready when nothing is missing."""
 
     missing: list[Missing] | None = None
-    reviews: int = 0
 
     def answer(self) -> tuple[int, dict[str, object]]:
         if self.missing is None:
@@ -74,7 +73,6 @@ async def review_forever(
     metrics: OperatorMetrics,
     *,
     interval_seconds: float = REVIEW_SECONDS,
-    reviewed: Callable[[list[Missing]], None] = lambda missing: None,
 ) -> None:
     """Review the permissions every `interval_seconds`; log a change once, keep metrics and readiness."""
     while True:
@@ -89,9 +87,7 @@ async def review_forever(
                 elif readiness.missing:
                     logger.info("ready: every permission the operator needs is granted now")
             readiness.missing = missing
-            readiness.reviews += 1
             metrics.missing_permissions.clear()
             for entry in missing:
                 metrics.missing_permissions.labels(entry.namespace, str(entry.permission)).set(1)
-            reviewed(missing)
         await asyncio.sleep(interval_seconds)

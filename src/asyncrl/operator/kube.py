@@ -7,7 +7,6 @@ event loop (kopf's) never blocks. Bodies and results are plain JSON dicts, the s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -19,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from asyncrl.api.types.meta import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from asyncrl.operator.retry import one_line_reason
 from asyncrl.workloads import names
 
 logger = logging.getLogger(__name__)
@@ -40,19 +40,6 @@ def warning_texts(header_values: list[str]) -> list[str]:
 
 
 WATCH_RETRY_MAX_SECONDS = 30.0
-
-
-def api_error_line(error: BaseException) -> str:
-    """One line for the log: the API server's status and message, not the client's dump of every header."""
-    from kubernetes.client.exceptions import ApiException
-
-    if isinstance(error, ApiException):
-        message = ""
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            message = str(json.loads(error.body or "").get("message") or "")
-        return f"{error.status} {error.reason}" + (f": {message}" if message else "")
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 def request_labels(method: str, url: str) -> tuple[str, str]:
@@ -84,21 +71,15 @@ def count_requests(
     refused: Callable[[int], None] = lambda status: None,
 ) -> None:
     """Call `counted(verb, resource)` for every request the client makes (its REST layer, every thread), and
-    `refused(status)` for each the API server answered 401 or 403."""
-    from kubernetes.client.exceptions import ApiException
-
+    `refused(status)` for each the API server answered 401 or 403 (the REST layer returns such a response;
+    the API classes raise ApiException from it afterwards)."""
     rest = api_client.rest_client
     request = rest.request
 
     def counting(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         counted(*request_labels(method, url))
-        try:
-            response = request(method, url, *args, **kwargs)
-        except ApiException as error:  # clients that raise in the REST layer
-            if error.status in (401, 403):
-                refused(error.status)
-            raise
-        if getattr(response, "status", None) in (401, 403):  # the client raises later, from this response
+        response = request(method, url, *args, **kwargs)
+        if response.status in (401, 403):
             refused(response.status)
         return response
 
@@ -452,7 +433,7 @@ class LabelWatch:
                     self.kind,
                     self.namespace or "all",
                     delay,
-                    api_error_line(error),
+                    one_line_reason(error),
                 )
                 resource_version = ""
                 self._stopping.wait(delay)

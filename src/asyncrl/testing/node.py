@@ -448,16 +448,7 @@ class NodeCluster:
         """`ctr images import` of one tarball; the image names it unpacked. A failure that containerd's
         garbage collector can cause (a parent snapshot gone mid-unpack) is retried once, since the layer is
         then unpacked again from the content store; any other failure, or a second one, raises."""
-        assert self.tools is not None
-        argv = [
-            str(self.tools.ctr),
-            f"--address={self.containerd_socket}",
-            f"--namespace={CONTAINERD_NAMESPACE}",
-            "images",
-            "import",
-            f"--snapshotter={self._snapshotter}",
-            str(path),
-        ]
+        argv = self._ctr_argv("images", "import", f"--snapshotter={self._snapshotter}", str(path))
         for attempt in (1, 2):
             done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
             if done.returncode == 0:
@@ -485,14 +476,18 @@ class NodeCluster:
             logger.info("removed %d untagged images", len(untagged))
         return untagged
 
+    def _ctr_argv(self, *args: str) -> list[str]:
+        """`ctr` against the node's containerd, in the namespace the kubelet uses, with `args`."""
+        return [
+            str(self._tools.ctr),
+            f"--address={self.containerd_socket}",
+            f"--namespace={CONTAINERD_NAMESPACE}",
+            *args,
+        ]
+
     def _ctr(self, *args: str) -> str:
         done = subprocess.run(
-            [
-                str(self._tools.ctr),
-                f"--address={self.containerd_socket}",
-                f"--namespace={CONTAINERD_NAMESPACE}",
-                *args,
-            ],
+            self._ctr_argv(*args),
             capture_output=True,
             text=True,
             timeout=120,
