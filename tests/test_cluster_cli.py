@@ -170,7 +170,10 @@ def test_summary_shows_phase_step_last_step_conditions_events_and_why_trainer_me
     lines = done.stdout.splitlines()
     assert f"run:            {namespace}/demo" in lines
     assert "phase:          Running" in lines
-    assert "step:           3 (status.step); spec.totalSteps: 10" in lines
+    assert (
+        "steps:          4/10 done; the last was step 3 (status.step, counted from 0 as in the trainer's log)"
+        in lines
+    )
     assert any(line.startswith("last step at:") and "(5m ago)" in line for line in lines), lines
     assert "  completedRollouts: 4" in lines
     assert "  carryOverAgeMaxSteps: 1" in lines
@@ -234,7 +237,7 @@ def test_a_run_without_status_is_summarised_as_such(
     done = asyncrl_runs(control_plane, "summary", "fresh", "-n", namespace, "--no-trainer-metrics")
     assert done.returncode == 0, done.stderr
     assert "phase:          (none yet: the operator has not written a status)" in done.stdout
-    assert "step:           none finished yet; spec.totalSteps: 10" in done.stdout
+    assert "steps:          none done yet of spec.totalSteps 10" in done.stdout
     # No operator is installed on this control plane (the tests start theirs as processes): said so.
     assert "operator:       no asyncrl operator Deployment found" in done.stdout, done.stdout
 

@@ -30,7 +30,10 @@ def test_the_trainers_latest_step_is_shown_from_its_registrys_text() -> None:
     assert gauges["asyncrl_critic_score_mean"] == 0.625
     trainer = TrainerMetrics(gauges=gauges, source="service demo-gateway")
     lines = summary_lines(RUN, events=[], trainer=trainer, now=NOW)
-    assert "step:           4 (status.step); spec.totalSteps: 10" in lines
+    assert (
+        "steps:          5/10 done; the last was step 4 (status.step, counted from 0 as in the trainer's log)"
+        in lines
+    )
     assert "last step at:   2026-01-02T11:58:00Z (2m ago)" in lines
     assert "  activeGroups: 3" in lines
     assert "trainer metrics (service demo-gateway):" in lines
@@ -38,6 +41,22 @@ def test_the_trainers_latest_step_is_shown_from_its_registrys_text() -> None:
     assert "  asyncrl_critic_score_mean: 0.625" in lines
     assert "  asyncrl_timing_s_step: 12.5" in lines
     assert not any("adapter_rows" in line for line in lines)  # only the gauges worth a glance
+
+
+def test_steps_are_counted_as_kubectl_shows_them_and_the_last_steps_number_as_logs_do() -> None:
+    """Issue 37 item 9: `status.step` 15 beside STEPS 16/16 read as a step short; the summary says both."""
+    done = {
+        **RUN,
+        "spec": {"totalSteps": 16},
+        "status": {"phase": "Succeeded", "step": 15, "progress": "16/16"},
+    }
+    lines = summary_lines(done, events=[], trainer=None, now=NOW)
+    assert any(line.startswith("steps:          16/16 done; the last was step 15 ") for line in lines), lines
+    open_ended = {**RUN, "spec": {}, "status": {"phase": "Running", "step": 0}}
+    lines = summary_lines(open_ended, events=[], trainer=None, now=NOW)
+    assert any(line.startswith("steps:          1 done; the last was step 0 ") for line in lines), lines
+    lines = summary_lines({**open_ended, "status": {"phase": "Running"}}, events=[], trainer=None, now=NOW)
+    assert "steps:          none done yet (open-ended: no spec.totalSteps)" in lines
 
 
 def test_a_trainer_from_before_the_rename_is_shown_under_the_current_names() -> None:

@@ -147,6 +147,16 @@ def _counts(counts: Mapping[str, Any]) -> str:
     return " ".join(f"{key}={_value(value)}" for key, value in counts.items())
 
 
+def _steps_text(step: Any, total: Any) -> str:
+    """Updates done, as STEPS counts them (from 1), and the last one's step number as logs count it (from 0):
+    `status.step` 15 is the 16th update, so "16/16 done" beside "step 15" must not read as one short."""
+    of_total = f" of spec.totalSteps {total}" if total is not None else " (open-ended: no spec.totalSteps)"
+    if step is None:
+        return f"none done yet{of_total}"
+    done = f"{int(step) + 1}/{total}" if total is not None else str(int(step) + 1)
+    return f"{done} done; the last was step {step} (status.step, counted from 0 as in the trainer's log)"
+
+
 def summary_lines(
     run: Mapping[str, Any],
     *,
@@ -167,10 +177,7 @@ def summary_lines(
         lines.extend(operators or [])
     if status.get("message"):
         lines.append(f"message:        {status['message']}")
-    total = spec.get("totalSteps")
-    step = status.get("step")
-    step_text = "none finished yet" if step is None else f"{step} (status.step)"
-    lines.append(f"step:           {step_text}; spec.totalSteps: {total if total is not None else 'unset'}")
+    lines.append(f"steps:          {_steps_text(status.get('step'), spec.get('totalSteps'))}")
     for key, label in (("lastStepTime", "last step at"), ("startTime", "trainer start")):
         if status.get(key):
             lines.append(f"{label + ':':<15} {_ago(str(status[key]), now)}")

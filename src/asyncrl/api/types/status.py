@@ -142,7 +142,12 @@ class AsyncTrainingRunStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     step: int | None = Field(
-        default=None, ge=0, description="Last completed update (0-based optimizer step)."
+        default=None,
+        ge=0,
+        description=(
+            "Last completed update's step number, counted from 0 as in the trainer's log and metrics: 15 "
+            "once the 16th update is done (`progress`, STEPS, counts from 1: `16/16`)."
+        ),
     )
     progress: str | None = Field(
         default=None,

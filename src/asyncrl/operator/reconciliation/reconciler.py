@@ -8,7 +8,9 @@ from the operator's watches (`child_index.ChildIndex`: the trainer Job, Service 
 Secret by a GET every `SECRET_READ_SECONDS` and a RayCluster (and its head pod) every requeue, and reads
 everything every `CHILDREN_RESYNC_SECONDS`. It then creates the missing ones, suspends or resumes the
 trainer, stops the agents of a failed run, posts the events and patches the status, at most once per
-`STATUS_MIN_INTERVAL_SECONDS` and only when the payload differs from what it last wrote.
+`STATUS_MIN_INTERVAL_SECONDS`, only when the payload differs from what it last wrote, and when only the counts
+differ, not before `status_writes.COUNTS_MIN_INTERVAL_SECONDS` (they would print a line each in `kubectl get
+atr -w`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from asyncrl.gateway_api.client import GatewayClient, GatewayError
 from asyncrl.gateway_api.models import TrainerOutcome, TrainerReport
 from asyncrl.operator.kube import JSON, Kube
 from asyncrl.operator.metrics import OperatorMetrics
-from asyncrl.operator.reconciliation import children_io, ray_child
+from asyncrl.operator.reconciliation import children_io, ray_child, status_writes
 from asyncrl.operator.reconciliation.child_index import ChildIndex
 from asyncrl.operator.reconciliation.gateway_link import GatewayLink
 from asyncrl.operator.reconciliation.reconcile import Actions, Child, Observed, reconcile
@@ -88,6 +90,7 @@ class Reconciler:
         self.trainer: TrainerObservation | None = None
         self._dirty = asyncio.Event()
         self._written: dict[str, Any] | None = None
+        self._written_at = -float("inf")  # monotonic time of the last status write
         self._summary: WindowSummary | None = None
         self._rollout_counts: dict[RolloutState, int] | None = None
         self._trainer_report: TrainerReport | None = None
@@ -196,8 +199,10 @@ class Reconciler:
                 self.context.run, reason=event.reason, message=event.message, warning=event.warning
             )
         payload = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if payload != self._written:
+        since_write = time.monotonic() - self._written_at
+        if status_writes.write_due(self._written, payload, seconds_since_write=since_write):
             await self.kube.patch_run_status(self.context.namespace, self.context.name, payload)
+            self._written_at = time.monotonic()
             self.metrics.status_writes.inc()
             self.status = status
             self._written = payload
