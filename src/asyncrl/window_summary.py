@@ -49,3 +49,19 @@ class WindowSummary(BaseModel):
     total_steps: int | None = Field(
         default=None, ge=1, description="Updates the run makes (spec.totalSteps); None: open-ended."
     )
+    steps_in_process: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Updates the trainer process made so far, this one included: 1 on the first after it started or "
+            "restarted, whose `step_seconds` leaves out the time the restart took."
+        ),
+    )
+    posted: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Set by the gateway, not the trainer: this summary's number among those the gateway received "
+            "(1, 2, ...). Each is one update: a step redone after a trainer restart comes again, renumbered."
+        ),
+    )

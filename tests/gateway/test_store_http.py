@@ -205,6 +205,33 @@ def test_window_summary_long_poll_returns_the_next_step(gateway: RunningGateway)
         assert summary["active_groups"] == 4
 
 
+def test_a_step_redone_after_a_trainer_restart_comes_through_the_posted_long_poll(
+    gateway: RunningGateway,
+) -> None:
+    """`after_step` never returns a step again; `after_posted` returns every update, numbered by the gateway
+    (local mode shows a redone step with it, issue 37 item 4)."""
+    with gateway.management() as admin:
+        for step in (0, 1):
+            posted = admin.put("/api/window/summary", json={"step": step}).json()
+            assert posted["posted"] == step + 1
+        assert admin.get("/api/window/summary", params={"after_posted": 2, "wait": 0.2}).json()["posted"] == 2
+
+        def redo_later() -> None:
+            time.sleep(0.5)
+            with gateway.management() as own:
+                own.put("/api/window/summary", json={"step": 1, "reward_mean": 0.5, "posted": 99})
+
+        threading.Thread(target=redo_later).start()
+        redone = admin.get("/api/window/summary", params={"after_posted": 2, "wait": 10}).json()
+        assert (redone["step"], redone["reward_mean"], redone["posted"]) == (1, 0.5, 3)  # the gateway numbers
+        # A count from an earlier gateway instance (higher than this one's) answers at once, with the latest.
+        started = time.monotonic()
+        assert admin.get("/api/window/summary", params={"after_posted": 40, "wait": 60}).json()["posted"] == 3
+        assert time.monotonic() - started < 30  # not the whole wait
+        # The step long-poll still waits for a later step: the redo of step 1 is not one.
+        assert admin.get("/api/window/summary", params={"after_step": 1, "wait": 0.3}).json()["step"] == 1
+
+
 def test_listing_rollouts_filters_by_state_and_group(gateway: RunningGateway) -> None:
     with gateway.management() as admin:
         create_rollouts(admin, "a1", "a2", group_id="ga")

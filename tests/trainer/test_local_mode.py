@@ -117,6 +117,11 @@ def _metrics(tmp_path: Path, path: Path | None = None) -> list[dict[str, float]]
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _table(output: str) -> list[list[str]]:
+    """The cells of the status table's step lines in `output` (a redone step's first two: "3", "redo")."""
+    return [line.split() for line in output.splitlines() if re.match(r"\s+\d+( redo)?\s+\d+\s", line)]
+
+
 def _rollouts_line(output: str, tmp_path: Path) -> dict[str, int]:
     """The summary's rollouts line as {outcome: count}, checked to account for every agent launched: each is
     in exactly one part (issue 37 item 4; before, "N ended" left out agents a restart or the end stopped)."""
@@ -203,6 +208,26 @@ def test_a_trainer_killed_mid_run_redoes_its_lost_steps_and_counts_each_step_onc
     assert [int(row["step"]) for row in _metrics(tmp_path)] == [0, 1, 2, 3, 4, 5]  # none twice, none lost
     assert "finished: trained steps 0-5 (6 steps;" in log
     assert processes_of_run(tmp_path / "work") == []
+    # Issue 37 item 4: every update is a line of the table (the trainer logs one "step N: reward" line per
+    # update, across its restart), a step trained again is marked "redo", the first line after the restart
+    # says the real time since the line before, and the summary counts the updates.
+    updates = re.findall(r"step (\d+): reward ", log)
+    table = _table(output)
+    assert [cells[0] for cells in table] == updates, output
+    seen: set[str] = set()
+    for cells in table:
+        assert (cells[1] == "redo") == (cells[0] in seen), output
+        seen.add(cells[0])
+    after_restart = output.partition("trainer exited with -9; restarting it")[2]
+    note = (
+        r"\n  \(step \d+ (trained again|is the first after the trainer restarted).*; [\d.]+ s since the line"
+    )
+    assert re.search(note, after_restart), output
+    steps_line = next(line for line in output.splitlines() if line.startswith("  steps:    "))
+    if len(updates) > 6:
+        assert f"; {len(updates)} updates: step" in steps_line, steps_line
+    else:
+        assert steps_line == "  steps:    6 (step 0 to 5)", steps_line
 
 
 def test_a_gateway_killed_mid_run_is_restarted_and_the_run_finishes_with_every_step(tmp_path: Path) -> None:

@@ -88,3 +88,52 @@ def test_without_a_restart_a_gap_is_not_blamed_on_one_and_asks_to_be_reported() 
     assert line.endswith("; 1 stopped when the run ended; 1 not accounted for (please report this)")
     no_agents = tally.rollouts_line(None)
     assert no_agents == "  rollouts: 10 ended: 10 succeeded, 0 failed, 0 timed out, 0 cancelled"
+
+
+def _step(step: int, reward: float, seconds: float, *, in_process: int) -> WindowSummary:
+    return WindowSummary(
+        step=step, reward_mean=reward, active_groups=3, step_seconds=seconds, steps_in_process=in_process
+    )
+
+
+def test_a_step_trained_again_after_a_trainer_restart_is_shown_as_redone_with_the_real_time() -> None:
+    """Issue 37 item 4: steps 1 and 2 redone after a restart from step 0's checkpoint. Before, the table
+    skipped them (nothing after step 2 until step 3), the 12.3 s the restart cost showed as the 2.9 s the new
+    trainer timed, and the summary said "4 steps" for 6 updates."""
+    tally = RunTally()
+    printed = [
+        tally.step_lines(_step(step, 0.1 * step, 2.0, in_process=step + 1), running_agents=1, now=2.0 * step)
+        for step in (0, 1, 2)
+    ]
+    assert all(len(lines) == 1 for lines in printed)
+    redo = tally.step_lines(_step(1, 0.15, 2.9, in_process=1), running_agents=1, now=4.0 + 12.3)
+    assert redo[0].split()[:2] == ["1", "redo"], redo
+    assert redo[0].split()[-1] == "2.9"  # the trainer's own time of the step it ran
+    assert redo[1] == (
+        "  (step 1 trained again: the trainer restarted from its last checkpoint, and its update of this "
+        "step was lost; 12.3 s since the line before)"
+    )
+    again = tally.step_lines(_step(2, 0.25, 2.0, in_process=2), running_agents=1, now=18.3)
+    assert [line.split()[:2] for line in again] == [
+        ["2", "redo"]
+    ]  # no note: not the restarted trainer's first
+    assert tally.step_lines(_step(3, 0.3, 2.0, in_process=3), running_agents=1, now=20.3)[0].split()[0] == "3"
+    summary = tally.summary(outcome="finished", work_dir=Path("/w"), metrics_file=None)
+    assert summary[1] == (
+        "  steps:    4 (step 0 to 3); 6 updates: steps 1, 2 trained again after a trainer restart "
+        "(the updates since its last checkpoint were lost)"
+    )
+    assert summary[3] == "  reward:   0.000 (step 0) -> 0.300 (step 3)"
+
+
+def test_the_first_step_after_a_restart_that_lost_nothing_says_the_time_since_the_line_before() -> None:
+    tally = RunTally()
+    resumed = tally.step_lines(_step(7, 0.0, 2.0, in_process=1), running_agents=0, now=0.0)
+    assert len(resumed) == 1  # a run resumed with --resume: its first line has no line before it
+    tally = RunTally()
+    tally.step_lines(_step(0, 0.0, 2.0, in_process=1), running_agents=0, now=0.0)
+    lines = tally.step_lines(_step(1, 0.1, 1.5, in_process=1), running_agents=0, now=9.5)
+    assert lines[0].split()[0] == "1"
+    assert lines[1] == "  (step 1 is the first after the trainer restarted; 9.5 s since the line before)"
+    summary = tally.summary(outcome="finished", work_dir=Path("/w"), metrics_file=None)
+    assert summary[1] == "  steps:    2 (step 0 to 1)"

@@ -27,7 +27,7 @@ import pytest
 
 from asyncrl.agent import AgentEnvironment
 from asyncrl.gateway_api.client import GatewayClient, GatewayError
-from asyncrl.gateway_api.models import PauseView
+from asyncrl.gateway_api.models import PauseView, WindowSummary
 from asyncrl.rollouts import RolloutState
 from asyncrl.testing.controlplane import free_port
 from asyncrl.testing.processes import ServerProcess, start_server
@@ -369,8 +369,19 @@ def test_a_restarted_trainer_redoes_lost_steps_and_never_trains_a_checkpointed_b
         assert _logged_steps(metrics) == [0, 1, 2, 3, 4]
         third = RecordingBackend(upstream_url)
         result = asyncio.run(run(GatewayClient(gateway_url, KEY), third))
+
+        async def last_summary() -> WindowSummary | None:
+            async with GatewayClient(gateway_url, KEY) as client:
+                return await client.summary()
+
+        last = asyncio.run(last_summary())
     finally:
         gateway.stop()
+
+    # Every update the gateway received is numbered: steps 0-2, then 4 (the second trainer), then 4-7. The
+    # last is the third trainer's 4th update, which local mode tells from a first (issue 37 item 4).
+    assert last is not None
+    assert (last.step, last.steps_in_process, last.posted) == (7, 4, 8)
 
     assert result is not None
     assert (result.first_step, result.next_step, result.steps_run) == (4, 8, 4)  # step 4 is redone

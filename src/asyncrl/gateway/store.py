@@ -262,6 +262,7 @@ class RolloutStore:
         self._feed_signal = _Signal()
         self._summary_signal = _Signal()
         self._summary: WindowSummary | None = None
+        self._summaries_posted = 0
         self.trainer_report: TrainerReport | None = None
 
     # -- rollouts -----------------------------------------------------------------------------------------
@@ -639,25 +640,35 @@ class RolloutStore:
 
     # -- window summary -----------------------------------------------------------------------------------
 
-    def set_summary(self, summary: WindowSummary) -> None:
-        self._summary = summary
+    def set_summary(self, summary: WindowSummary) -> WindowSummary:
+        """Keep the trainer's summary of its latest update, numbered (`posted`); returns it so numbered."""
+        self._summaries_posted += 1
+        self._summary = summary.model_copy(update={"posted": self._summaries_posted})
         self._summary_signal.fire()
+        return self._summary
 
     def set_trainer_report(self, report: TrainerReport) -> None:
         """The trainer's failure report; wakes the summary long-poll so the operator sees it at once."""
         self.trainer_report = report
         self._summary_signal.fire()
 
-    async def summary_after(self, *, after_step: int | None, wait_seconds: float) -> WindowSummary | None:
-        """The latest summary; with `after_step`, wait up to `wait_seconds` for one of a later step.
+    async def summary_after(
+        self, *, after_step: int | None, wait_seconds: float, after_posted: int | None = None
+    ) -> WindowSummary | None:
+        """The latest summary; with `after_step`, wait up to `wait_seconds` for one of a later step; with
+        `after_posted`, for one posted after that one (`posted`), redone steps included.
 
-        A trainer report also ends the wait (the caller reads it from the stats).
+        A trainer report also ends the wait (the caller reads it from the stats), and so does an
+        `after_posted` this gateway never numbered: the caller's count is from an earlier gateway instance.
         """
         deadline = time.monotonic() + wait_seconds
         report = self.trainer_report
         while True:
             summary = self._summary
-            if after_step is None or (summary is not None and summary.step > after_step):
+            if after_posted is not None:
+                if self._summaries_posted != after_posted:
+                    return summary
+            elif after_step is None or (summary is not None and summary.step > after_step):
                 return summary
             if self.trainer_report is not report:
                 return summary

@@ -376,12 +376,15 @@ class GatewayClient:
         await self._request("PUT", "/api/window/summary", json=summary.model_dump(mode="json"))
 
     async def summary(
-        self, *, after_step: int | None = None, wait_seconds: float = 0.0
+        self, *, after_step: int | None = None, after_posted: int | None = None, wait_seconds: float = 0.0
     ) -> WindowSummary | None:
-        """The latest summary; with `after_step`, wait up to `wait_seconds` for a later step's."""
+        """The latest summary; with `after_step`, wait up to `wait_seconds` for a later step's; with
+        `after_posted`, for any summary posted after that one (a redone step's too)."""
         params: dict[str, Any] = {"wait": wait_seconds}
         if after_step is not None:
             params["after_step"] = after_step
+        if after_posted is not None:
+            params["after_posted"] = after_posted
         response = await self._request("GET", "/api/window/summary", wait=wait_seconds, params=params)
         if response.status_code == 204:
             return None

@@ -36,10 +36,13 @@ class RunTally:
     """Steps, rewards and rollout outcomes seen so far in one local run."""
 
     first_step: int | None = None
-    last_step: int | None = None
+    last_step: int | None = None  # the highest step trained (a redone step is not higher)
     first_reward: float | None = None
     last_reward: float | None = None
+    updates: int = 0  # steps trained, a redone step counted again
+    redone: list[int] = field(default_factory=list)  # steps trained again after a trainer restart
     _totals: dict[str, dict[str, int]] = field(default_factory=dict)  # gateway instance -> state -> count
+    _line_at: float | None = None  # monotonic time of the last step line
 
     def record_stats(self, stats: GatewayStats) -> None:
         """The gateway's `/api/stats`: its instance and the rollouts that ended there, by state."""
@@ -47,10 +50,37 @@ class RunTally:
         self._totals[stats.instance_id] = {state.value: count for state, count in totals.items()}
 
     def record_step(self, summary: WindowSummary) -> None:
+        """One update the trainer reported; a step at or below the highest so far was trained again."""
         reward = summary.reward_mean
+        self.updates += 1
         if self.first_step is None:
             self.first_step, self.first_reward = summary.step, reward
+        if self.last_step is not None and summary.step <= self.last_step:
+            self.redone.append(summary.step)
+            if summary.step == self.last_step:
+                self.last_reward = reward
+            return
         self.last_step, self.last_reward = summary.step, reward
+
+    def step_lines(self, summary: WindowSummary, *, running_agents: int, now: float) -> list[str]:
+        """What a reported update prints: its status line, and for the first update of a restarted trainer a
+        note saying whether it trains a step again and the real time since the line before (the trainer times
+        only the step it ran, from its own start: 2.9 s where 12.3 s had passed). `now`: a monotonic time."""
+        redo = self.last_step is not None and summary.step <= self.last_step
+        since = None if self._line_at is None else now - self._line_at
+        restarted = summary.steps_in_process == 1 and since is not None
+        self._line_at = now
+        self.record_step(summary)
+        lines = [self.status_line(summary, running_agents=running_agents, redo=redo)]
+        if restarted and since is not None:  # (since: for the type checker)
+            what = (
+                f"step {summary.step} trained again: the trainer restarted from its last checkpoint, and its "
+                "update of this step was lost"
+                if redo
+                else f"step {summary.step} is the first after the trainer restarted"
+            )
+            lines.append(f"  ({what}; {since:.1f} s since the line before)")
+        return lines
 
     def count(self, state: RolloutState) -> int:
         """Rollouts that ended in `state` in this run, over every gateway instance."""
@@ -60,9 +90,9 @@ class RunTally:
     def failed(self) -> int:
         return self.count(RolloutState.FAILED)
 
-    def status_line(self, summary: WindowSummary, *, running_agents: int) -> str:
+    def status_line(self, summary: WindowSummary, *, running_agents: int, redo: bool = False) -> str:
         values = (
-            summary.step,
+            f"{summary.step} redo" if redo else summary.step,
             summary.active_groups,
             summary.new_carry_over_rollouts or 0,
             summary.carry_over_age_max_steps or 0,
@@ -112,7 +142,15 @@ class RunTally:
             lines.append("  steps:    none trained")
         else:
             n_steps = self.last_step - self.first_step + 1
-            lines.append(f"  steps:    {n_steps} (step {self.first_step} to {self.last_step})")
+            steps = f"  steps:    {n_steps} (step {self.first_step} to {self.last_step})"
+            if self.redone:
+                again = ", ".join(str(step) for step in self.redone)
+                plural = "s" if len(self.redone) > 1 else ""
+                steps += (
+                    f"; {self.updates} updates: step{plural} {again} trained again after a trainer restart "
+                    "(the updates since its last checkpoint were lost)"
+                )
+            lines.append(steps)
         lines.append(self.rollouts_line(agents))
         if self.first_reward is not None and self.last_reward is not None:
             lines.append(

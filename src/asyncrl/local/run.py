@@ -173,19 +173,24 @@ async def _supervise_gateway(gateway: _Process, client: GatewayClient, out: Text
 
 
 async def _status_lines(gateway: GatewayClient, agents: LocalAgents, tally: RunTally, out: TextIO) -> None:
+    """A line per update the trainer reports, redone steps included: the gateway numbers the summaries it
+    receives (`posted`), and a restarted gateway starts again from 1."""
     out.write(header() + "\n")
     out.flush()
-    last_step = -1
+    posted = 0
     while True:
         with contextlib.suppress(Exception):
-            summary = await gateway.summary(after_step=last_step, wait_seconds=30)
+            summary = await gateway.summary(after_posted=posted, wait_seconds=30)
             with contextlib.suppress(Exception):
                 tally.record_stats(await gateway.stats())
-            if summary is None or summary.step <= last_step:
+            if summary is None or summary.posted is None:
+                posted = 0  # a restarted gateway that has no summary yet
                 continue
-            last_step = summary.step
-            tally.record_step(summary)
-            out.write(tally.status_line(summary, running_agents=agents.active) + "\n")
+            if summary.posted == posted:  # the one already printed (the wait ran out)
+                continue
+            posted = summary.posted  # lower than before: the first of a restarted gateway
+            lines = tally.step_lines(summary, running_agents=agents.active, now=time.monotonic())
+            out.write("".join(line + "\n" for line in lines))
             out.flush()
             continue
         await asyncio.sleep(1.0)

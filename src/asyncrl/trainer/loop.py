@@ -140,6 +140,7 @@ class StepLoop:
         self.sinks = sinks
         self.window = RolloutWindow(settings.window)
         self.step = 0
+        self._first_step_here = 0  # the first step this process trains (after a resume, not 0)
         self._cursor = 0
         self._timings: dict[str, CompletionEntry] = {}
         self._inputs: dict[str, Any] = {}  # group id -> its prompt row, to redraw a group a gateway lost
@@ -309,6 +310,7 @@ class StepLoop:
         """Run steps until totalSteps, or until one pass over the data is trained on."""
         await self.start_serving()
         first_step, steps_run = self.step, 0
+        self._first_step_here = first_step
         try:
             while self.settings.total_steps is None or self.step < self.settings.total_steps:
                 if not await self._run_step():
@@ -379,6 +381,7 @@ class StepLoop:
                     reward_mean=reward_mean,
                     step_seconds=metrics[names.STEP_SECONDS],
                     total_steps=self.settings.total_steps,
+                    steps_in_process=step - self._first_step_here + 1,
                 )
             )
         except GatewayFailure as error:

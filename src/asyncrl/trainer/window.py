@@ -120,6 +120,7 @@ class StepSummary:
         reward_mean: float | None,
         step_seconds: float | None,
         total_steps: int | None = None,
+        steps_in_process: int | None = None,
     ) -> WindowSummary:
         """What the gateway keeps for the operator and local mode: the same values, as typed fields."""
         return WindowSummary(
@@ -136,6 +137,7 @@ class StepSummary:
             reward_mean=reward_mean,
             step_seconds=step_seconds,
             total_steps=total_steps,
+            steps_in_process=steps_in_process,
         )
 
     def metrics(self) -> dict[str, float]:

@@ -58,15 +58,17 @@ def feeds_router(parts: GatewayParts) -> APIRouter:
 
     @router.put("/api/window/summary")
     async def put_summary(summary: WindowSummary) -> WindowSummary:
-        store.set_summary(summary)
-        return summary
+        return store.set_summary(summary)
 
     @router.get("/api/window/summary")
     async def get_summary(
         after_step: Annotated[int | None, Query(ge=-1)] = None,
+        after_posted: Annotated[int | None, Query(ge=0)] = None,
         wait: Annotated[float, Query(ge=0, le=300)] = 0.0,
     ) -> Response:
-        summary = await store.summary_after(after_step=after_step, wait_seconds=wait)
+        summary = await store.summary_after(
+            after_step=after_step, after_posted=after_posted, wait_seconds=wait
+        )
         if summary is None:
             return Response(status_code=204)
         return Response(json.dumps(summary.model_dump(mode="json")), media_type="application/json")
