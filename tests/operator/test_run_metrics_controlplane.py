@@ -73,6 +73,9 @@ def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_de
         ):
             stamp = datetime.fromisoformat(status[field].replace("Z", "+00:00")).timestamp()
             assert _series(text, metric, **run) == stamp, (metric, status[field])
+        # The reward, as REWARD and BEST show it (issue 37 item 11: the operator exported no reward).
+        assert _series(text, "asyncrl_run_reward", **run) == status["reward"]["last"]
+        assert _series(text, "asyncrl_run_reward_best", **run) == status["reward"]["best"]
 
         deleted = delete_run(kubectl, namespace, "gauged")
         assert deleted.returncode == 0, deleted.stderr
@@ -83,5 +86,6 @@ def test_the_operator_exports_phase_step_groups_and_age_per_run_and_forgets_a_de
         )
         assert _series(scrape(), "asyncrl_run_phase", **run, phase="Succeeded") is None
         assert _series(scrape(), "asyncrl_run_last_step_timestamp_seconds", **run) is None
+        assert _series(scrape(), "asyncrl_run_reward", **run) is None
     finally:
         operator.stop()

@@ -2,10 +2,10 @@
 
 Besides its own counters, the operator exports each run's progress as gauges labelled `namespace`/`name`,
 set from the status it writes, so one scrape of the operator shows every run: which phase (one series per
-phase, 1 for the current one, as kube-state-metrics does), the step, the prompt groups in the window, the
-oldest carry-over's age, and when the trainer started and the last step finished (Unix seconds, so an alert
-can say "no step for N minutes" as `time() - ...`). A run's series go away when its controller stops (the
-run was deleted).
+phase, 1 for the current one, as kube-state-metrics does), the step, the reward (the last update's and the
+best so far), the prompt groups in the window, the oldest carry-over's age, and when the trainer started
+and the last step finished (Unix seconds, so an alert can say "no step for N minutes" as `time() - ...`).
+A run's series go away when its controller stops (the run was deleted).
 """
 
 from __future__ import annotations
@@ -67,6 +67,18 @@ class OperatorMetrics:
         self.run_step = Gauge(
             "asyncrl_run_step", "The run's last finished training step.", RUN_LABELS, registry=self.registry
         )
+        self.run_reward = Gauge(
+            "asyncrl_run_reward",
+            "Mean reward of the rows the run's last update trained on (status.reward.last).",
+            RUN_LABELS,
+            registry=self.registry,
+        )
+        self.run_reward_best = Gauge(
+            "asyncrl_run_reward_best",
+            "The run's highest update reward so far (status.reward.best).",
+            RUN_LABELS,
+            registry=self.registry,
+        )
         self.run_active_groups = Gauge(
             "asyncrl_run_active_groups",
             "Prompt groups in the run's window now.",
@@ -95,6 +107,8 @@ class OperatorMetrics:
     def _run_gauges(self) -> tuple[Gauge, ...]:
         return (
             self.run_step,
+            self.run_reward,
+            self.run_reward_best,
             self.run_active_groups,
             self.run_carry_over_age_max_steps,
             self.run_start_time,
@@ -107,6 +121,8 @@ class OperatorMetrics:
             self.run_phase.labels(namespace, name, phase.value).set(1 if status.phase is phase else 0)
         for gauge, value in (
             (self.run_step, status.step),
+            (self.run_reward, None if status.reward is None else status.reward.last),
+            (self.run_reward_best, None if status.reward is None else status.reward.best),
             (self.run_active_groups, status.active_groups),
             (self.run_carry_over_age_max_steps, status.carry_over_age_max_steps),
             (self.run_start_time, _unix_seconds(status.start_time)),
