@@ -232,6 +232,20 @@ def test_a_step_redone_after_a_trainer_restart_comes_through_the_posted_long_pol
         assert admin.get("/api/window/summary", params={"after_step": 1, "wait": 0.3}).json()["step"] == 1
 
 
+def test_a_malformed_posted_count_is_refused_naming_the_parameter(gateway: RunningGateway) -> None:
+    with gateway.management() as admin:
+        for bad in ("-1", "x", "1.5", ""):
+            answer = admin.get("/api/window/summary", params={"after_posted": bad, "wait": 0})
+            assert answer.status_code == 422, (bad, answer.text)
+            assert "after_posted" in answer.text, answer.text
+        # A count no gateway reached is one from elsewhere: answered at once (nothing yet: 204), no error.
+        huge = admin.get("/api/window/summary", params={"after_posted": "9" * 400, "wait": 60})
+        assert huge.status_code == 204
+        # The trainer cannot number its own summary: the gateway's number wins.
+        assert admin.put("/api/window/summary", json={"step": 0, "posted": 7}).json()["posted"] == 1
+        assert admin.put("/api/window/summary", json={"step": 1, "posted": -3}).status_code == 422
+
+
 def test_listing_rollouts_filters_by_state_and_group(gateway: RunningGateway) -> None:
     with gateway.management() as admin:
         create_rollouts(admin, "a1", "a2", group_id="ga")
