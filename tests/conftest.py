@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.testing.controlplane import ControlPlane
@@ -25,6 +26,11 @@ TEST_IMAGES = {
     "asyncrl.test/python": Image(entrypoint=(sys.executable,)),
 }
 
+
+# Property tests check properties, not speed: on CI's two shared cores one draw of a strategy took 2.5 s, and
+# Hypothesis's too_slow health check failed the test for it (2026-12-07). Examples and shrinking: unchanged.
+settings.register_profile("shared-cores", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("shared-cores")
 
 # With pytest-xdist (`make pytest` runs two workers) each worker starts its own control plane and pod runner
 # (free loopback ports, temporary directories), and its own real node and vLLM server when its share of the

@@ -282,6 +282,11 @@ def test_abort_cancels_the_upstream_call_and_only_the_reissued_call_is_captured(
                 )
             )
             await until(lambda: _inflight_is(client, gateway, 1), "the long call in flight")
+            # At the upstream too: in flight at the gateway, the call may not have reached it on a busy
+            # machine, and an abort then leaves no disconnect to count.
+            await until(
+                lambda: _upstream_calls_are(client, upstream_url, before["calls"] + 1), "the call there"
+            )
             started = time.monotonic()
             paused = await client.post(
                 "/proxy/pause?wait=30",
@@ -379,6 +384,10 @@ def test_pause_without_abort_still_waits_for_calls_in_flight(gateway: RunningGat
 
 async def _inflight_is(client: httpx.AsyncClient, gateway: RunningGateway, count: int) -> bool:
     return int((await state(client, gateway))["inflight"]) == count
+
+
+async def _upstream_calls_are(client: httpx.AsyncClient, upstream_url: str, calls: int) -> bool:
+    return bool((await client.get(f"{upstream_url}/stats")).json()["calls"] == calls)
 
 
 async def _upstream_saw_disconnect(

@@ -340,6 +340,9 @@ def test_abort_reissues_a_streamed_call_that_has_not_sent_a_byte(
     running.start()
     with gateway.management() as admin:
         wait_for(lambda: admin.get("/proxy/state").json()["inflight"] == 1, "the stream in flight")
+        # At the upstream too (on a busy machine it may not be there yet, and an abort before it arrives
+        # leaves no disconnect to count).
+        wait_for(lambda: upstream_stats(upstream_url)["calls"] == before["calls"] + 1, "the call upstream")
         paused = admin.post("/proxy/pause?wait=30", json={"reason": "update", "abort": True}).json()
         wait_for(
             lambda: upstream_stats(upstream_url)["disconnects"] == before["disconnects"] + 1,
