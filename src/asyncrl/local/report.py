@@ -49,8 +49,9 @@ class RunTally:
         totals = stats.finished_totals
         self._totals[stats.instance_id] = {state.value: count for state, count in totals.items()}
 
-    def record_step(self, summary: WindowSummary) -> None:
-        """One update the trainer reported; a step at or below the highest so far was trained again."""
+    def record_step(self, summary: WindowSummary) -> bool:
+        """One update the trainer reported; whether it trained a step again (one at or below the highest so
+        far)."""
         reward = summary.reward_mean
         self.updates += 1
         if self.first_step is None:
@@ -59,20 +60,19 @@ class RunTally:
             self.redone.append(summary.step)
             if summary.step == self.last_step:
                 self.last_reward = reward
-            return
+            return True
         self.last_step, self.last_reward = summary.step, reward
+        return False
 
     def step_lines(self, summary: WindowSummary, *, running_agents: int, now: float) -> list[str]:
         """What a reported update prints: its status line, and for the first update of a restarted trainer a
         note saying whether it trains a step again and the real time since the line before (the trainer times
         only the step it ran, from its own start: 2.9 s where 12.3 s had passed). `now`: a monotonic time."""
-        redo = self.last_step is not None and summary.step <= self.last_step
         since = None if self._line_at is None else now - self._line_at
-        restarted = summary.steps_in_process == 1 and since is not None
         self._line_at = now
-        self.record_step(summary)
+        redo = self.record_step(summary)
         lines = [self.status_line(summary, running_agents=running_agents, redo=redo)]
-        if restarted and since is not None:  # (since: for the type checker)
+        if since is not None and summary.steps_in_process == 1:  # a restarted trainer's first update
             what = (
                 f"step {summary.step} trained again: the trainer restarted from its last checkpoint, and its "
                 "update of this step was lost"

@@ -309,8 +309,7 @@ class StepLoop:
     async def run(self) -> RunResult:
         """Run steps until totalSteps, or until one pass over the data is trained on."""
         await self.start_serving()
-        first_step, steps_run = self.step, 0
-        self._first_step_here = first_step
+        self._first_step_here, steps_run = self.step, 0
         try:
             while self.settings.total_steps is None or self.step < self.settings.total_steps:
                 if not await self._run_step():
@@ -319,7 +318,7 @@ class StepLoop:
         finally:
             await self._prefetcher.close()
         await self._finish()
-        return RunResult(first_step=first_step, next_step=self.step, steps_run=steps_run)
+        return RunResult(first_step=self._first_step_here, next_step=self.step, steps_run=steps_run)
 
     async def _run_step(self) -> bool:
         """One step; False when there is nothing left to train on."""

@@ -17,7 +17,6 @@ from asyncrl.api import Phase
 
 COUNTS_MIN_INTERVAL_SECONDS = 10.0
 COUNT_FIELDS = frozenset({"rollouts", "jobs"})  # status keys, as written (camelCase)
-_ENDED = frozenset({Phase.SUCCEEDED.value, Phase.FAILED.value})
 
 
 def write_due(
@@ -29,6 +28,7 @@ def write_due(
     if payload == written:
         return False
     changed = {key for key in written.keys() | payload.keys() if written.get(key) != payload.get(key)}
-    if not changed <= COUNT_FIELDS or payload.get("phase") in _ENDED:
+    phase = payload.get("phase")
+    if not changed <= COUNT_FIELDS or (phase is not None and Phase(phase).is_terminal):
         return True
     return seconds_since_write >= COUNTS_MIN_INTERVAL_SECONDS
