@@ -183,8 +183,11 @@ def test_calls_beyond_the_hold_cap_get_429_at_once_and_held_ones_go_through(
     statuses, third_status, refused_after = asyncio.run(scenario())
     assert statuses == [200, 200]
     assert third_status == 429
-    assert refused_after < 0.9  # refused at once, not after the 1 s hold timeout
+    # Refused at once for the cap, not after the 1 s hold timeout: said by the refusal's reason (a bound on
+    # `refused_after` near 1 s would fail on a busy machine), with a generous bound besides.
     assert metric(gateway, 'asyncrl_gateway_hold_refusals_total{reason="hold_full"}') == 1
+    assert 'reason="hold_timeout"' not in httpx.get(gateway.url + "/metrics").text  # never counted
+    assert refused_after < 10
 
 
 async def _held_is(client: httpx.AsyncClient, gateway: RunningGateway, count: int) -> bool:
