@@ -83,6 +83,7 @@ from _common import (
     verdict,
 )
 
+from asyncrl.api.types.spec import AsyncSpec
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.window import RolloutWindow, WindowConfig
 
@@ -422,17 +423,14 @@ class Driver:
 
 def window_modes(args: argparse.Namespace) -> list[tuple[str, WindowConfig]]:
     batch, n = args.train_batch_size, args.rollout_n
-    modes = [] if args.no_sync else [("sync", WindowConfig(train_batch_size=batch, samples_per_prompt=n))]
+    sync = AsyncSpec().window_config(train_batch_size=batch, samples_per_prompt=n)
+    modes = [] if args.no_sync else [("sync", sync)]
     refills = {"off": [False], "on": [True], "both": [False, True]}[args.refill]
     for m in (int(value) for value in args.multipliers.split(",") if value):
         for refill in refills:
-            config = WindowConfig(
-                train_batch_size=batch,
-                samples_per_prompt=n,
-                async_enabled=True,
-                async_window_size=m * batch,
-                refill_during_collection=refill,
-            )
+            config = AsyncSpec(
+                enabled=True, window_size=m * batch, refill_during_collection=refill
+            ).window_config(train_batch_size=batch, samples_per_prompt=n)
             modes.append((f"async {m}x" + (" refill" if refill else ""), config))
     return modes
 

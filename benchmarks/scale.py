@@ -324,11 +324,11 @@ def _stop(process: ServerProcess | subprocess.Popen[bytes]) -> None:
 
 
 async def _measure(args: argparse.Namespace, *, upstream_url: str, log_dir: Path) -> dict[str, Any]:
+    from asyncrl.api.types.spec import AsyncSpec
     from asyncrl.trainer.adapter import AdapterConfig
     from asyncrl.trainer.data import PromptSource
     from asyncrl.trainer.loop import LoopSettings, StepLoop
     from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks
-    from asyncrl.trainer.window import WindowConfig
 
     capture = [f"--capture={args.capture}"] if args.capture else []
     gateway, gateway_url = start_gateway(upstream_url, log_dir, *capture, name="gateway")
@@ -340,12 +340,8 @@ async def _measure(args: argparse.Namespace, *, upstream_url: str, log_dir: Path
     )  # fmt: skip
     train_batch = args.train_batch or max(1, args.groups // 2)
     settings = LoopSettings(
-        window=WindowConfig(
-            train_batch_size=train_batch,
-            samples_per_prompt=args.rollouts,
-            async_enabled=True,
-            async_window_size=args.groups,
-            refill_during_collection=True,
+        window=AsyncSpec(enabled=True, window_size=args.groups, refill_during_collection=True).window_config(
+            train_batch_size=train_batch, samples_per_prompt=args.rollouts
         ),
         adapter=AdapterConfig(
             max_prompt_tokens=args.prompt_tokens + 64, max_response_tokens=args.response_tokens

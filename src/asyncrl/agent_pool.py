@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from asyncrl.agent_templates.render import TemplateError, render_job
+from asyncrl.gateway_api import paths
 from asyncrl.gateway_api.models import RolloutView
 from asyncrl.gateway_api.pool import PoolAssignment, PoolClaim, PoolOutcome
 from asyncrl.rollouts import RolloutState
@@ -108,7 +109,7 @@ class PoolGateway:
 
     async def claim(self, *, wait_seconds: float = 30.0) -> PoolAssignment:
         body = PoolClaim(worker=self.settings.worker, wait_seconds=wait_seconds).model_dump()
-        response = await self._post("/api/pool/claim", body)
+        response = await self._post(paths.POOL_CLAIM, body)
         if response.status_code != 200:
             raise RuntimeError(f"the gateway refused the pool claim: {response.status_code} {response.text}")
         return PoolAssignment.model_validate(response.json())
@@ -118,7 +119,7 @@ class PoolGateway:
         outcome = PoolOutcome(
             worker=self.settings.worker, state=state, message=message, attempt_id=ATTEMPT_ID
         )
-        response = await self._post(f"/api/pool/rollouts/{rollout_id}/transition", outcome.model_dump())
+        response = await self._post(paths.pool_transition_path(rollout_id), outcome.model_dump())
         if response.status_code != 200:
             logger.info("rollout %s: %s not taken: %s", rollout_id, state, response.text)
             return False
@@ -132,7 +133,7 @@ class PoolGateway:
         while True:
             await asyncio.sleep(self.settings.cancel_poll_seconds)
             try:
-                response = await self.http.get(f"/api/rollouts/{rollout_id}", headers=headers)
+                response = await self.http.get(paths.rollout_path(rollout_id), headers=headers)
             except httpx.TransportError as error:  # a restarting gateway: keep the agent, ask again
                 logger.debug("rollout %s: state unknown: %s", rollout_id, error)
                 continue

@@ -20,24 +20,27 @@ class StalenessPolicy(StrEnum):
 
 
 class WindowConfig(BaseModel):
-    """The window's part of the run spec (camelCase names in the CRD, snake_case here)."""
+    """The window's part of the run spec (camelCase names in the CRD, snake_case here).
+
+    No field has a default here: the run spec's `AsyncSpec` holds them (one default per field), and
+    `AsyncSpec.window_config()` builds this from it.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     train_batch_size: int = Field(ge=1, description="Complete prompt groups consumed per update.")
     samples_per_prompt: int = Field(ge=1, description="Sibling rollouts per prompt group (verl's rollout.n).")
-    async_enabled: bool = Field(default=False, description="Keep a larger window and carry groups over.")
+    async_enabled: bool = Field(description="Keep a larger window and carry groups over.")
     async_window_size: int | None = Field(
-        default=None, ge=1, description="Prompt groups kept active in async mode; > train_batch_size."
+        ge=1, description="Prompt groups kept active in async mode; > train_batch_size."
     )
     max_carry_over_age_steps: int | None = Field(
-        default=None, ge=1, description="Oldest carry-over age allowed in a step; None keeps every group."
+        ge=1, description="Oldest carry-over age allowed in a step; None keeps every group."
     )
     staleness_policy: StalenessPolicy = Field(
-        default=StalenessPolicy.CANCEL, description="What happens to groups older than the maximum age."
+        description="What happens to groups older than the maximum age."
     )
     refill_during_collection: bool = Field(
-        default=False,
         description="Async: draw a new group whenever one completes, so window_size groups stay unfinished "
         "while a step collects (finished ones wait for the update beside them); off, the window is refilled "
         "only when a step begins.",

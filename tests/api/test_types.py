@@ -64,8 +64,15 @@ def test_minimal_example_loads_and_configures_the_window() -> None:
         samples_per_prompt=2,
         async_enabled=True,
         async_window_size=4,
-        refill_during_collection=True,
+        max_carry_over_age_steps=None,
+        staleness_policy=StalenessPolicy.CANCEL,
+        refill_during_collection=True,  # the spec's default: the manifest does not name it
     )
+
+
+def test_the_window_takes_every_default_from_the_spec() -> None:
+    """One default per field: `AsyncSpec` holds them; the window's settings have none of their own."""
+    assert [name for name, field in WindowConfig.model_fields.items() if not field.is_required()] == []
 
 
 def test_invalid_example_is_rejected_with_the_2x_advice_at_the_field() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from asyncrl.api.types.spec import AsyncSpec
 from asyncrl.gateway_api.client import GatewayClient, GatewayError
 from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.backends import UpdateMetrics
@@ -22,7 +23,6 @@ from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.loop import RESUME_RETRY_FIRST_SECONDS, LoopSettings, StepLoop
 from asyncrl.trainer.metrics import MetricsSinks
 from asyncrl.trainer.rows import TrainingRow
-from asyncrl.trainer.window import WindowConfig
 from tests.gateway.conftest import RunningGateway, launch_gateway
 
 
@@ -66,7 +66,7 @@ def gateway(tmp_path: Path) -> Iterator[RunningGateway]:
 
 def loop_on(gateway: GatewayClient, backend: Any, checkpoint_dir: Path, *, every: int) -> StepLoop:
     settings = LoopSettings(
-        window=WindowConfig(train_batch_size=1, samples_per_prompt=2),
+        window=AsyncSpec().window_config(train_batch_size=1, samples_per_prompt=2),
         adapter=AdapterConfig(),
         rollout_timeout_seconds=60,
         total_steps=4,

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from asyncrl.agent import AgentEnvironment
+from asyncrl.api.types.spec import AsyncSpec
 from asyncrl.gateway_api.client import GatewayClient, GatewayError
 from asyncrl.gateway_api.models import PauseView, WindowSummary
 from asyncrl.rollouts import RolloutState
@@ -37,7 +38,6 @@ from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.loop import LoopSettings, RunResult, StepLoop
 from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks
 from asyncrl.trainer.rows import TrainingRow
-from asyncrl.trainer.window import WindowConfig
 
 KEY = "restart-test-key-0123456789"
 MODEL = "served-model"
@@ -201,8 +201,8 @@ async def _agents(gateway_url: str, stop: asyncio.Event) -> None:
 
 def _settings(*, steps: int, checkpoint_dir: Path | None, every: int = 1) -> LoopSettings:
     return LoopSettings(
-        window=WindowConfig(
-            train_batch_size=TRAIN_BATCH, samples_per_prompt=2, async_enabled=True, async_window_size=4
+        window=AsyncSpec(enabled=True, window_size=4, refill_during_collection=False).window_config(
+            train_batch_size=TRAIN_BATCH, samples_per_prompt=2
         ),
         adapter=AdapterConfig(),
         rollout_timeout_seconds=60,

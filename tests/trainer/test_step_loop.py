@@ -21,13 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
+from asyncrl.api.types.spec import AsyncSpec
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.data import PromptSource
 from asyncrl.trainer.failures import RunFailed
 from asyncrl.trainer.loop import LoopSettings, RunResult, StepLoop
 from asyncrl.trainer.metrics import JsonLinesSink, MetricsSinks
-from asyncrl.window_config import WindowConfig
 from tests.trainer.fake_gateway import FakeGateway
 from tests.trainer.test_restarts import MODEL, RecordingBackend
 
@@ -41,13 +41,9 @@ RUN_GUARD_SECONDS = 20.0  # only against a hung loop (a defect): every run here 
 
 def _settings(*, steps: int, max_age: int | None = None) -> LoopSettings:
     return LoopSettings(
-        window=WindowConfig(
-            train_batch_size=TRAIN_BATCH,
-            samples_per_prompt=SAMPLES,
-            async_enabled=True,
-            async_window_size=WINDOW,
-            max_carry_over_age_steps=max_age,
-        ),
+        window=AsyncSpec(
+            enabled=True, window_size=WINDOW, max_carry_over_age_steps=max_age, refill_during_collection=False
+        ).window_config(train_batch_size=TRAIN_BATCH, samples_per_prompt=SAMPLES),
         adapter=AdapterConfig(),
         rollout_timeout_seconds=60,
         total_steps=steps,

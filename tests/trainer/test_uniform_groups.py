@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.api.types.spec import AsyncSpec
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.rows import TrainingRow
 from asyncrl.trainer.uniform_groups import drop_limit, uniform_groups
 from asyncrl.trainer.window import Group, RolloutWindow
-from asyncrl.window_config import WindowConfig
 from tests.trainer.test_step_loop import TRAIN_BATCH, Harness, _harness, _run, _settings
 
 
@@ -55,7 +55,7 @@ def test_only_groups_of_two_or_more_rows_all_scored_alike_are_uniform() -> None:
 
 
 def test_the_window_counts_dropped_groups_in_the_steps_summary_and_refuses_unfinished_ones() -> None:
-    window = RolloutWindow(WindowConfig(train_batch_size=1, samples_per_prompt=2))
+    window = RolloutWindow(AsyncSpec().window_config(train_batch_size=1, samples_per_prompt=2))
     window.begin_step(step=0)
     window.add_group(group_id="g", rollout_ids=["g-r0", "g-r1"], step=0)
     window.record_terminal("g-r0", RolloutState.SUCCEEDED)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from asyncrl.api.types.spec import AsyncSpec
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.window import (
     Group,
@@ -26,6 +27,9 @@ def async_config(**overrides: Any) -> WindowConfig:
         "samples_per_prompt": 2,
         "async_enabled": True,
         "async_window_size": 4,
+        "max_carry_over_age_steps": None,
+        "staleness_policy": StalenessPolicy.CANCEL,
+        "refill_during_collection": False,
     }
     return WindowConfig(**(values | overrides))
 
@@ -48,8 +52,9 @@ def fill(window: RolloutWindow, *, step: int, prefix: str = "g") -> list[Group]:
 
 
 def test_async_is_off_by_default_and_the_window_is_one_batch() -> None:
-    config = WindowConfig(train_batch_size=8, samples_per_prompt=4)
+    config = AsyncSpec().window_config(train_batch_size=8, samples_per_prompt=4)
     assert not config.async_enabled
+    assert not config.refills
     assert config.window_size == 8
     assert config.max_carry_over_age_steps is None
     assert config.staleness_policy is StalenessPolicy.CANCEL
@@ -73,7 +78,7 @@ def test_async_requires_a_window_size_greater_than_train_batch_size(
 
 
 def test_window_size_is_ignored_when_async_is_off() -> None:
-    config = WindowConfig(train_batch_size=4, samples_per_prompt=2, async_window_size=2)
+    config = AsyncSpec(window_size=2).window_config(train_batch_size=4, samples_per_prompt=2)
     assert config.window_size == 4
 
 
@@ -109,7 +114,7 @@ def test_async_draws_new_groups_to_keep_the_window_full() -> None:
 
 
 def test_sync_draws_one_batch_into_an_empty_window_only() -> None:
-    window = RolloutWindow(WindowConfig(train_batch_size=2, samples_per_prompt=2))
+    window = RolloutWindow(AsyncSpec().window_config(train_batch_size=2, samples_per_prompt=2))
     window.begin_step(step=0)
     assert window.groups_to_draw() == 2
     add(window, "a", step=0)
@@ -265,7 +270,7 @@ def test_async_update_waits_for_train_batch_size_complete_groups() -> None:
 
 
 def test_sync_update_waits_for_every_group_and_carries_nothing() -> None:
-    window = RolloutWindow(WindowConfig(train_batch_size=3, samples_per_prompt=2))
+    window = RolloutWindow(AsyncSpec().window_config(train_batch_size=3, samples_per_prompt=2))
     window.begin_step(step=0)
     a, b, c = fill(window, step=0)
     finish(window, c)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from asyncrl.api.types.spec import AsyncSpec
 from asyncrl.rollouts import TERMINAL_STATES, RolloutState
 from asyncrl.trainer.window import (
     Group,
@@ -322,11 +323,8 @@ def test_async_config_is_valid_exactly_when_the_window_exceeds_the_batch(
     train_batch_size: int, async_window_size: int | None
 ) -> None:
     def make() -> WindowConfig:
-        return WindowConfig(
-            train_batch_size=train_batch_size,
-            samples_per_prompt=1,
-            async_enabled=True,
-            async_window_size=async_window_size,
+        return AsyncSpec(enabled=True, window_size=async_window_size).window_config(
+            train_batch_size=train_batch_size, samples_per_prompt=1
         )
 
     if async_window_size is not None and async_window_size > train_batch_size:

@@ -19,7 +19,7 @@ from enum import Enum, IntEnum
 
 from starlette.routing import compile_path
 
-from asyncrl.gateway_api.paths import PROXY_PREFIX
+from asyncrl.gateway_api import paths
 
 ANY_METHOD = "*"
 
@@ -70,19 +70,17 @@ class RouteRule:
 
 ROUTES: tuple[RouteRule, ...] = (
     # The agents' model calls (the proxy's hot path, first so that it is matched first).
-    RouteRule("POST", PROXY_PREFIX + "{rollout_id}/{call:path}", Needs.ROLLOUT_TOKEN),
+    RouteRule("POST", paths.PROXY_CALLS, Needs.ROLLOUT_TOKEN),
     # The kubelet's probes and Prometheus.
-    RouteRule(ANY_METHOD, "/healthz", Needs.NOTHING),
-    RouteRule(ANY_METHOD, "/readyz", Needs.NOTHING),
-    RouteRule(ANY_METHOD, "/metrics", Needs.NOTHING),
+    RouteRule(ANY_METHOD, paths.HEALTHZ, Needs.NOTHING),
+    RouteRule(ANY_METHOD, paths.READYZ, Needs.NOTHING),
+    RouteRule(ANY_METHOD, paths.METRICS, Needs.NOTHING),
     # An agent reads its rollout (is it cancelled?) and posts its events (its reward).
-    RouteRule("GET", "/api/rollouts/{rollout_id}", Needs.ROLLOUT_TOKEN),
-    RouteRule(
-        "POST", "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", Needs.ROLLOUT_TOKEN, event=True
-    ),
+    RouteRule("GET", paths.ROLLOUT, Needs.ROLLOUT_TOKEN),
+    RouteRule("POST", paths.ATTEMPT_EVENTS, Needs.ROLLOUT_TOKEN, event=True),
     # The agent pool's pods take rollouts and report them; releasing other pods' rollouts is the operator's.
-    RouteRule("POST", "/api/pool/claim", Needs.POOL_TOKEN),
-    RouteRule("POST", "/api/pool/rollouts/{rollout_id}/transition", Needs.POOL_TOKEN),
+    RouteRule("POST", paths.POOL_CLAIM, Needs.POOL_TOKEN),
+    RouteRule("POST", paths.POOL_TRANSITION, Needs.POOL_TOKEN),
 )
 
 

@@ -74,6 +74,27 @@ KEEP_ALIVE_SECONDS = math.ceil(_CONNECTIONS.idle_timeout_seconds)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`asyncrl gateway`'s flags. `--help` lists the ungrouped ones in the order they are added here, then
+    each group in turn."""
+    _add_serving_arguments(parser)
+    _add_run_arguments(parser)
+    _add_pause_arguments(parser)
+    parser.add_argument(
+        "--upstream-timeout-seconds",
+        type=float,
+        default=_UPSTREAM_TIMEOUT,
+        help=f"per model call (default {_UPSTREAM_TIMEOUT:g})",
+    )
+    _add_admission_limit_arguments(parser)
+    _add_agent_budget_arguments(parser)
+    _add_connection_arguments(parser)
+    _add_capture_arguments(parser)
+    _add_sampling_arguments(parser)
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _add_serving_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the gateway listens, where model calls go, and its key."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8090, help="port to listen on (default 8090)")
     parser.add_argument(
@@ -84,6 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "trainer registers the servers with PUT /api/upstreams",
     )
     parser.add_argument("--key-file", type=Path, help=f"file holding the gateway key (or set {KEY_ENV_VAR})")
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The run whose settings the gateway takes: a manifest, or the flags marked 'run'."""
     parser.add_argument(
         "--config",
         type=Path,
@@ -99,6 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run: Retry-After (fractions allowed, also sent as retry-after-ms) when a call is refused while "
         f"paused or while no upstream is registered (default {_RUN.retry_after_seconds:g})",
     )
+
+
+def _add_pause_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a model call that arrives during a weight update gets."""
     pauses = parser.add_argument_group(
         "pauses (see docs/tuning-the-window.md)",
         "What a model call that arrives during a weight update (or before any upstream) gets.",
@@ -123,12 +152,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"run: calls held at once; more get 429 (default {_RUN.max_held_calls})",
     )
-    parser.add_argument(
-        "--upstream-timeout-seconds",
-        type=float,
-        default=_UPSTREAM_TIMEOUT,
-        help=f"per model call (default {_UPSTREAM_TIMEOUT:g})",
-    )
+
+
+def _add_admission_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The limits every request meets at admission, after its credential."""
     limits = parser.add_argument_group(
         "limits at admission (what one agent can send; see docs/security.md)",
         "Every request is authenticated before any body byte is read; then these apply.",
@@ -164,6 +191,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"a body not all received this long after its headers gets 408 (default {_BODY_TIMEOUT:g})",
     )
+
+
+def _add_agent_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one agent token may take of the gateway."""
     budget = parser.add_argument_group(
         "each agent token's budget (see docs/security.md)",
         "So one agent cannot take the event loop from the others; past it, 429 + Retry-After. The gateway "
@@ -191,6 +222,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="body bytes one agent token may send at once, at least --max-body-bytes "
         f"(default {_AGENT.burst_bytes})",
     )
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Header and idle timeouts, and the cap on open connections."""
     connections = parser.add_argument_group(
         "connections (see docs/security.md)",
         "Header and idle timeouts, and a cap that closes the least proven idle connection to make room; the "
@@ -228,6 +263,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="connections open at once, lowered to half the file-descriptor limit when that is smaller "
         f"(default {_CONNECTIONS.max_connections})",
     )
+
+
+def _add_capture_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the store keeps of each model call, and its bounds."""
     capture = parser.add_argument_group(
         "capture (what the store keeps of each model call; see docs/tuning-the-window.md)",
         "A call past a limit is refused before it is forwarded (413 for its rollout, 507 for the store).",
@@ -251,6 +290,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"run: captured bytes the whole store may hold (default {_RUN.max_capture_bytes})",
     )
+
+
+def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """The agents' sampling parameters on train-mode calls."""
     parser.add_argument(
         "--sampling-params",
         choices=[policy.value.lower() for policy in SamplingParamsPolicy],
@@ -262,7 +305,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-temperature", type=float, help=f"run (default {sampling.temperature})")
     parser.add_argument("--rollout-top-p", type=float, help=f"run (default {sampling.top_p})")
     parser.add_argument("--rollout-top-k", type=int, help=f"run (default {sampling.top_k}: off)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def read_key(key_file: Path | None) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from asyncrl.gateway_api import paths
 from asyncrl.gateway_api.events import EventsDocument, parse_events_batch
 from asyncrl.gateway_api.models import (
     DEFAULT_LISTING_PAGE,
@@ -167,7 +168,7 @@ class GatewayClient:
             body["lease_seconds"] = lease_seconds
         response = await self._request(
             "POST",
-            "/proxy/pause",
+            paths.PAUSE,
             wait=wait_seconds,
             idempotent=True,  # a second pause while paused keeps the gateway paused
             params={"wait": wait_seconds},
@@ -189,18 +190,18 @@ class GatewayClient:
         """Extend the pause in effect to `lease_seconds` from now; `paused` is False when there was none (the
         gateway was resumed, or its lease ran out). Never pauses a gateway that is open."""
         response = await self._request(
-            "POST", "/proxy/pause/renew", idempotent=True, json={"lease_seconds": lease_seconds}
+            "POST", paths.PAUSE_RENEW, idempotent=True, json={"lease_seconds": lease_seconds}
         )
         return PauseView.model_validate(response.json())
 
     async def resume(self, *, model_version: int | None = None) -> PauseView:
         response = await self._request(
-            "POST", "/proxy/resume", idempotent=True, json={"model_version": model_version}
+            "POST", paths.RESUME, idempotent=True, json={"model_version": model_version}
         )
         return PauseView.model_validate(response.json())
 
     async def state(self) -> PauseView:
-        return PauseView.model_validate((await self._request("GET", "/proxy/state")).json())
+        return PauseView.model_validate((await self._request("GET", paths.PAUSE_STATE)).json())
 
     # -- upstreams ----------------------------------------------------------------------------------------
 
@@ -216,18 +217,18 @@ class GatewayClient:
         if model is not None:
             body["model"] = model
         return UpstreamsView.model_validate_json(
-            (await self._request("PUT", "/api/upstreams", json=body)).content
+            (await self._request("PUT", paths.UPSTREAMS, json=body)).content
         )
 
     async def upstreams(self) -> UpstreamsView:
         """Where model calls go now (no upstream until registered) and the model name sent there."""
-        return UpstreamsView.model_validate_json((await self._request("GET", "/api/upstreams")).content)
+        return UpstreamsView.model_validate_json((await self._request("GET", paths.UPSTREAMS)).content)
 
     # -- rollouts -----------------------------------------------------------------------------------------
 
     async def create_rollouts(self, rollouts: Iterable[RolloutCreate]) -> list[RolloutView]:
         payload = [rollout.model_dump(mode="json") for rollout in rollouts]
-        response = await self._request("POST", "/api/rollouts", json=payload)
+        response = await self._request("POST", paths.ROLLOUTS, json=payload)
         return [RolloutView.model_validate(item) for item in response.json()["rollouts"]]
 
     async def list_rollouts(
@@ -261,11 +262,11 @@ class GatewayClient:
         for key, value in (("state", state), ("group_id", group_id), ("page", page)):
             if value is not None:
                 params[key] = value
-        response = await self._request("GET", "/api/rollouts", params=params)
+        response = await self._request("GET", paths.ROLLOUTS, params=params)
         return RolloutPage.model_validate_json(response.content)
 
     async def get_rollout(self, rollout_id: str) -> RolloutView:
-        return RolloutView.model_validate((await self._request("GET", f"/api/rollouts/{rollout_id}")).json())
+        return RolloutView.model_validate((await self._request("GET", paths.rollout_path(rollout_id))).json())
 
     async def claim(
         self,
@@ -293,7 +294,7 @@ class GatewayClient:
         )
         response = await self._request(
             "POST",
-            "/api/rollouts/claim",
+            paths.ROLLOUTS_CLAIM,
             wait=wait_seconds,
             idempotent=True,
             retry_timeouts=True,
@@ -305,7 +306,7 @@ class GatewayClient:
         """Mark a queued rollout launched before creating its agent; 409 (`GatewayError`) if it already was
         under another `launch_id` or is no longer queued. Repeating the same `launch_id` is a no-op."""
         body = LaunchRequest(launch_id=launch_id).model_dump(mode="json")
-        response = await self._request("POST", f"/api/rollouts/{rollout_id}/launch", json=body)
+        response = await self._request("POST", paths.rollout_launch_path(rollout_id), json=body)
         return LaunchReceipt.model_validate(response.json())
 
     async def transition(
@@ -321,25 +322,23 @@ class GatewayClient:
         body = Transition(
             state=state, message=message, attempt_id=attempt_id, instance_id=instance_id
         ).model_dump(mode="json", exclude_none=True)
-        response = await self._request("POST", f"/api/rollouts/{rollout_id}/transition", json=body)
+        response = await self._request("POST", paths.rollout_transition_path(rollout_id), json=body)
         return RolloutView.model_validate(response.json())
 
     async def completions(
         self, *, after: int, limit: int = 1000, wait_seconds: float = 30.0
     ) -> CompletionPage:
         params = {"after": after, "limit": limit, "wait": wait_seconds}
-        response = await self._request("GET", "/api/completions", wait=wait_seconds, params=params)
+        response = await self._request("GET", paths.COMPLETIONS, wait=wait_seconds, params=params)
         return CompletionPage.model_validate(response.json())
 
     async def delete_rollouts(self, rollout_ids: Iterable[str]) -> int:
-        response = await self._request(
-            "POST", "/api/rollouts/delete", json={"rollout_ids": list(rollout_ids)}
-        )
+        response = await self._request("POST", paths.ROLLOUTS_DELETE, json={"rollout_ids": list(rollout_ids)})
         return int(response.json()["deleted"])
 
     async def rollout_events(self, rollout_id: str) -> EventsDocument:
         """The rollout, its captured model calls (token ids, log-probs) and its agent events."""
-        response = await self._request("GET", f"/api/rollouts/{rollout_id}/events")
+        response = await self._request("GET", paths.rollout_events_path(rollout_id))
         return await asyncio.to_thread(EventsDocument.model_validate_json, response.content)
 
     async def rollout_events_batch(
@@ -352,28 +351,28 @@ class GatewayClient:
         request = EventsBatchRequest(rollout_ids=list(rollout_ids))
         if max_bytes is not None:
             request = EventsBatchRequest(rollout_ids=request.rollout_ids, max_bytes=max_bytes)
-        response = await self._request("POST", "/api/rollouts/events", json=request.model_dump(mode="json"))
+        response = await self._request("POST", paths.ROLLOUTS_EVENTS, json=request.model_dump(mode="json"))
         return await asyncio.to_thread(EventsBatch.parse, response.content)
 
     async def stats(self) -> GatewayStats:
         """Rollouts by state now and finished ever, launches ever, the feed cursor, the trainer's report, the
         pause state, and `instance_id` (changes when the gateway restarted and lost its state)."""
-        return GatewayStats.model_validate((await self._request("GET", "/api/stats")).json())
+        return GatewayStats.model_validate((await self._request("GET", paths.STATS)).json())
 
     async def release_pool_workers(self, live_workers: list[str]) -> list[str]:
         """Fail the rollouts held by agent pool pods not in `live_workers` (`gateway/routes/pool.py`)."""
         body = PoolRelease(live_workers=live_workers).model_dump()
-        response = await self._request("POST", "/api/pool/release", json=body)
+        response = await self._request("POST", paths.POOL_RELEASE, json=body)
         return PoolReleased.model_validate(response.json()).failed
 
     async def report_trainer(self, report: TrainerReport) -> None:
         """Leave the trainer's failure report with the gateway (it outlives the trainer container)."""
-        await self._request("PUT", "/api/trainer/report", json=report.model_dump(mode="json"))
+        await self._request("PUT", paths.TRAINER_REPORT, json=report.model_dump(mode="json"))
 
     # -- window summary -----------------------------------------------------------------------------------
 
     async def put_summary(self, summary: WindowSummary) -> None:
-        await self._request("PUT", "/api/window/summary", json=summary.model_dump(mode="json"))
+        await self._request("PUT", paths.WINDOW_SUMMARY, json=summary.model_dump(mode="json"))
 
     async def summary(
         self, *, after_step: int | None = None, after_posted: int | None = None, wait_seconds: float = 0.0
@@ -385,7 +384,7 @@ class GatewayClient:
             params["after_step"] = after_step
         if after_posted is not None:
             params["after_posted"] = after_posted
-        response = await self._request("GET", "/api/window/summary", wait=wait_seconds, params=params)
+        response = await self._request("GET", paths.WINDOW_SUMMARY, wait=wait_seconds, params=params)
         if response.status_code == 204:
             return None
         return WindowSummary.model_validate(response.json())

@@ -42,6 +42,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrl import metric_names as names
+from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types.spec import SampleLevel
 from asyncrl.gateway_api.events import EventsDocument
 from asyncrl.rollouts import RolloutState
@@ -70,6 +71,16 @@ class AdapterConfig(BaseModel):
         allow_inf_nan=False,
         description="Reward of succeeded rollouts that posted none; None means failed_rollout_reward.",
     )
+
+    @classmethod
+    def of_run(cls, spec: AsyncTrainingRunSpec) -> AdapterConfig:
+        """What a run's spec asks of the adapter."""
+        return cls(
+            sample_level=spec.trainer.sample_level,
+            failed_rollout_reward=spec.trainer.failed_rollout_reward,
+            max_prompt_tokens=spec.data.max_prompt_length,
+            max_response_tokens=spec.data.max_response_length,
+        )
 
     @property
     def reward_when_missing(self) -> float:

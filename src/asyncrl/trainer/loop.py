@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from asyncrl import metric_names as names
+from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.gateway_api.client import GatewayError, PauseResult
 from asyncrl.gateway_api.models import (
     DEFAULT_EVENTS_BATCH_BYTES,
@@ -92,6 +93,23 @@ class LoopSettings:
     events_batch_bytes: int = (
         DEFAULT_EVENTS_BATCH_BYTES  # bytes per events answer (beyond its first document)
     )
+
+    @classmethod
+    def of_run(cls, spec: AsyncTrainingRunSpec, *, checkpoint_dir: Path | None) -> LoopSettings:
+        """What a run's spec asks of the loop, checkpointing to `checkpoint_dir`; this process's own bounds
+        (the drain and gateway waits, the events batches) keep their defaults."""
+        return cls(
+            window=spec.window_config(),
+            adapter=AdapterConfig.of_run(spec),
+            rollout_timeout_seconds=spec.rollout_timeout_seconds,
+            total_steps=spec.total_steps,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every_steps=spec.trainer.checkpoint.every_steps,
+            retry_after_seconds=spec.gateway.retry_after_seconds,
+            drain_policy=spec.gateway.drain_policy,
+            max_failed_steps=spec.max_failed_steps,
+            drop_uniform_groups=spec.rollout.drop_uniform_groups,
+        )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from asyncrl.api.types.verl_overrides import LEARNING_RATE_KEY, flatten_override
 from asyncrl.gateway_api.client import GatewayClient, GatewayError
 from asyncrl.gateway_api.models import TrainerOutcome, TrainerReport
 from asyncrl.gateway_api.tokens import KEY_ENV_VAR
-from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.backends import TrainerBackend as Backend
 from asyncrl.trainer.data import DataError, PromptSource, load_rows_file
 from asyncrl.trainer.failures import EXIT_CODES, ClusterNotReady, RunFailed
@@ -310,23 +309,7 @@ async def train(args: argparse.Namespace) -> int:
     key = os.environ.get(KEY_ENV_VAR, "").strip()
     if not key:
         raise SystemExit(f"asyncrl trainer: set {KEY_ENV_VAR} to the gateway key")
-    settings = LoopSettings(
-        window=spec.window_config(),
-        adapter=AdapterConfig(
-            sample_level=spec.trainer.sample_level,
-            failed_rollout_reward=spec.trainer.failed_rollout_reward,
-            max_prompt_tokens=spec.data.max_prompt_length,
-            max_response_tokens=spec.data.max_response_length,
-        ),
-        rollout_timeout_seconds=spec.rollout_timeout_seconds,
-        total_steps=spec.total_steps,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every_steps=spec.trainer.checkpoint.every_steps,
-        retry_after_seconds=spec.gateway.retry_after_seconds,
-        drain_policy=spec.gateway.drain_policy,
-        max_failed_steps=spec.max_failed_steps,
-        drop_uniform_groups=spec.rollout.drop_uniform_groups,
-    )
+    settings = LoopSettings.of_run(spec, checkpoint_dir=args.checkpoint_dir)
     rows = rows_of(run, args.data_file)
     prompts = PromptSource(rows, shuffle=spec.data.shuffle, seed=spec.data.seed)
     backend = build_backend(

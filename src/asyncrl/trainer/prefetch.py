@@ -186,10 +186,6 @@ class RowPrefetcher:
     _worker: asyncio.Task[None] | None = None
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
 
-    @property
-    def n_prepared(self) -> int:
-        return len(self._prepared)
-
     def notice(self) -> None:
         """The window changed (completions, removals): drop what is no longer valid, fetch what is new."""
         self._prune()

@@ -18,6 +18,7 @@ import yaml
 
 from asyncrl.api import AsyncTrainingRunSpec
 from asyncrl.api.types.spec import RESTRICTED_SECURITY_CONTEXT, ResourceRequirements, TrainerBackend
+from asyncrl.gateway_api import paths
 from asyncrl.gateway_api.tokens import KEY_ENV_VAR
 from asyncrl.launch.commands import gateway_args, trainer_args
 from asyncrl.workloads import names
@@ -155,20 +156,51 @@ def trainer_job_with_template(
     run: Mapping[str, Any], spec: AsyncTrainingRunSpec
 ) -> tuple[JSON, MergedPodTemplate]:
     """The trainer Job and the merge of `spec.trainer.podTemplate` into its pod (what was refused)."""
+    pod_template = _trainer_pod_template(run, spec)
+    merged = merge_pod_template(pod_template, spec.trainer.pod_template, trainer_container=TRAINER_CONTAINER)
+    return _trainer_job_around(run, spec, merged.template), merged
+
+
+def _trainer_pod_template(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
+    """The trainer pod as the operator builds it, before the user's pod template is merged in."""
     run_name = run["metadata"]["name"]
+    secret_name, _ = gateway_key_ref(run, spec)
+    optional = _optional_volumes(spec)
+    trainer = _trainer_container(run, spec, extra_mounts=[mount for _, mount in optional])
+    volumes: list[JSON] = [
+        {"name": "config", "configMap": {"name": names.config_map_name(run_name)}},
+        {"name": "gateway-key", "secret": {"secretName": secret_name}},
+        *(volume for volume, _ in optional),
+        {"name": "checkpoints", **_checkpoint_volume(spec)},
+    ]
+    labels = names.common_labels(run_name, names.COMPONENT_TRAINER)
+    return {
+        "metadata": {"labels": labels, "annotations": metrics_annotations(trainer_metrics_port(spec))},
+        "spec": {
+            # OnFailure restarts the trainer container in place; the gateway sidecar (and with it the
+            # rollout store and the window) survives, and the trainer recovers from it.
+            "restartPolicy": "OnFailure",
+            "initContainers": [_gateway_sidecar(run, spec)],
+            "containers": [trainer],
+            "volumes": volumes,
+        },
+    }
+
+
+def _gateway_sidecar(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:
+    """The gateway as a native sidecar: starts first, keeps running, stops after the trainer."""
     port = spec.gateway.port
-    secret_name, secret_key = gateway_key_ref(run, spec)
-    resources = trainer_resources(spec)
-    gateway: JSON = {
+    _, secret_key = gateway_key_ref(run, spec)
+    return {
         "name": "gateway",
         "image": spec.gateway.image,
-        "restartPolicy": "Always",  # a native sidecar: starts first, keeps running, stops after the trainer
+        "restartPolicy": "Always",
         "command": ["asyncrl", "gateway"],
         "args": gateway_args(
             config=f"{CONFIG_DIR}/{RUN_FILE}", port=port, host="0.0.0.0", key_file=f"{KEY_DIR}/{secret_key}"
         ),
         "ports": [{"name": "gateway", "containerPort": port}],
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"}, "periodSeconds": 2},
+        "readinessProbe": {"httpGet": {"path": paths.READYZ, "port": "gateway"}, "periodSeconds": 2},
         "resources": container_resources(spec.gateway.resources),
         "securityContext": dict(RESTRICTED_SECURITY_CONTEXT),
         "volumeMounts": [
@@ -176,6 +208,40 @@ def trainer_job_with_template(
             {"name": "gateway-key", "mountPath": KEY_DIR, "readOnly": True},
         ],
     }
+
+
+def _trainer_container(
+    run: Mapping[str, Any], spec: AsyncTrainingRunSpec, *, extra_mounts: list[JSON]
+) -> JSON:
+    """The trainer container, which talks to the gateway sidecar on the pod's loopback."""
+    args = trainer_args(
+        config=f"{CONFIG_DIR}/{RUN_FILE}",
+        gateway_url=f"http://127.0.0.1:{spec.gateway.port}",
+        checkpoint_dir=CHECKPOINT_DIR,
+        metrics_port=trainer_metrics_port(spec),
+    )
+    if spec.data.config_map_ref is not None:
+        args.append(f"--data-file={DATA_DIR}/rows")
+    return {
+        "name": TRAINER_CONTAINER,
+        "image": spec.trainer.image,
+        "command": ["asyncrl", "trainer"],
+        "args": args,
+        "ports": [{"name": "metrics", "containerPort": trainer_metrics_port(spec)}],
+        "env": _trainer_env(run, spec),
+        "resources": trainer_resources(spec),
+        "securityContext": dict(RESTRICTED_SECURITY_CONTEXT),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
+            *extra_mounts,
+        ],
+    }
+
+
+def _trainer_env(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> list[JSON]:
+    """The gateway key and the W&B settings (the API key only when the run names its Secret)."""
+    secret_name, secret_key = gateway_key_ref(run, spec)
     env: list[JSON] = [
         {
             "name": KEY_ENV_VAR,
@@ -188,65 +254,40 @@ def trainer_job_with_template(
         env.append(
             {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
         )
-    trainer: JSON = {
-        "name": TRAINER_CONTAINER,
-        "image": spec.trainer.image,
-        "command": ["asyncrl", "trainer"],
-        "args": trainer_args(
-            config=f"{CONFIG_DIR}/{RUN_FILE}",
-            gateway_url=f"http://127.0.0.1:{port}",
-            checkpoint_dir=CHECKPOINT_DIR,
-            metrics_port=trainer_metrics_port(spec),
-        ),
-        "ports": [{"name": "metrics", "containerPort": trainer_metrics_port(spec)}],
-        "env": env,
-        "resources": resources,
-        "securityContext": dict(RESTRICTED_SECURITY_CONTEXT),
-        "volumeMounts": [
-            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
-        ],
-    }
-    volumes: list[JSON] = [
-        {"name": "config", "configMap": {"name": names.config_map_name(run_name)}},
-        {"name": "gateway-key", "secret": {"secretName": secret_name}},
-    ]
+    return env
+
+
+def _optional_volumes(spec: AsyncTrainingRunSpec) -> list[tuple[JSON, JSON]]:
+    """The volumes only some runs have, each with the trainer container's mount of it."""
+    optional: list[tuple[JSON, JSON]] = []
     if spec.trainer.backend is TrainerBackend.VERL:
         # Ray's object store, NCCL and vLLM's workers share memory through /dev/shm, which is 64 MiB in a
         # container unless a memory-backed volume replaces it.
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-        trainer["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+        optional.append(
+            ({"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "dshm", "mountPath": "/dev/shm"})
+        )
     data_ref = spec.data.config_map_ref
     if data_ref is not None:  # the rows file, mounted for the trainer's --data-file
-        volumes.append(
-            {
-                "name": "data",
-                "configMap": {"name": data_ref.name, "items": [{"key": data_ref.key, "path": "rows"}]},
-            }
-        )
-        trainer["volumeMounts"].append({"name": "data", "mountPath": DATA_DIR, "readOnly": True})
-        trainer["args"].append(f"--data-file={DATA_DIR}/rows")
-    checkpoints: JSON = (
-        {"persistentVolumeClaim": {"claimName": spec.trainer.checkpoint.claim_name}}
-        if spec.trainer.checkpoint.claim_name
-        else {"emptyDir": {}}
-    )
-    labels = names.common_labels(run_name, names.COMPONENT_TRAINER)
-    pod_template: JSON = {
-        "metadata": {"labels": labels, "annotations": metrics_annotations(trainer_metrics_port(spec))},
-        "spec": {
-            # OnFailure restarts the trainer container in place; the gateway sidecar (and with it the
-            # rollout store and the window) survives, and the trainer recovers from it.
-            "restartPolicy": "OnFailure",
-            "initContainers": [gateway],
-            "containers": [trainer],
-            "volumes": [*volumes, {"name": "checkpoints", **checkpoints}],
-        },
-    }
-    merged = merge_pod_template(pod_template, spec.trainer.pod_template, trainer_container=TRAINER_CONTAINER)
-    metadata = _metadata(run, names.trainer_job_name(run_name), names.COMPONENT_TRAINER)
+        volume = {
+            "name": "data",
+            "configMap": {"name": data_ref.name, "items": [{"key": data_ref.key, "path": "rows"}]},
+        }
+        optional.append((volume, {"name": "data", "mountPath": DATA_DIR, "readOnly": True}))
+    return optional
+
+
+def _checkpoint_volume(spec: AsyncTrainingRunSpec) -> JSON:
+    """The run's checkpoint claim, else a volume that lives as long as the pod."""
+    if spec.trainer.checkpoint.claim_name:
+        return {"persistentVolumeClaim": {"claimName": spec.trainer.checkpoint.claim_name}}
+    return {"emptyDir": {}}
+
+
+def _trainer_job_around(run: Mapping[str, Any], spec: AsyncTrainingRunSpec, template: JSON) -> JSON:
+    """The Job that runs the merged pod template, suspended when the run or a Kueue queue says so."""
+    metadata = _metadata(run, names.trainer_job_name(run["metadata"]["name"]), names.COMPONENT_TRAINER)
     # The pod template's labels on the Job too (the operator's win): Kueue reads its queue label there.
-    template_labels = (merged.template.get("metadata") or {}).get("labels") or {}
+    template_labels = (template.get("metadata") or {}).get("labels") or {}
     metadata["labels"] = {**template_labels, **metadata["labels"]}
     # A queued Job starts suspended, as Kueue expects, and Kueue resumes it on admission (not the run: no
     # suspended-by-run mark unless spec.suspend says so).
@@ -255,11 +296,11 @@ def trainer_job_with_template(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": metadata,
-        "spec": {"suspend": spec.suspend or queued, "backoffLimit": 3, "template": merged.template},
+        "spec": {"suspend": spec.suspend or queued, "backoffLimit": 3, "template": template},
     }
     if spec.suspend:  # suspended by the run, so the run resumes it (see names.ANNOTATION_SUSPENDED_BY_RUN)
         job["metadata"]["annotations"] = {names.ANNOTATION_SUSPENDED_BY_RUN: "true"}
-    return job, merged
+    return job
 
 
 def gateway_service(run: Mapping[str, Any], spec: AsyncTrainingRunSpec) -> JSON:

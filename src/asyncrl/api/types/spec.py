@@ -471,6 +471,18 @@ class AsyncSpec(ApiModel):
         ),
     )
 
+    def window_config(self, *, train_batch_size: int, samples_per_prompt: int) -> WindowConfig:
+        """The window these settings ask for with this batch; a `ValueError` when the window rule fails."""
+        return WindowConfig(
+            train_batch_size=train_batch_size,
+            samples_per_prompt=samples_per_prompt,
+            async_enabled=self.enabled,
+            async_window_size=self.window_size,
+            max_carry_over_age_steps=self.max_carry_over_age_steps,
+            staleness_policy=self.staleness_policy,
+            refill_during_collection=self.refill_during_collection,
+        )
+
 
 class RolloutCorrectionMode(StrEnum):
     """Granularity of the importance-sampling correction for off-policy (stale) rollouts."""
@@ -948,14 +960,8 @@ class AsyncTrainingRunSpec(ApiModel):
     def window_config(self) -> WindowConfig:
         """The async window's configuration (asyncrl.trainer.window); raises when the window rule fails."""
         try:
-            return WindowConfig(
-                train_batch_size=self.train_batch_size,
-                samples_per_prompt=self.rollout.samples_per_prompt,
-                async_enabled=self.async_.enabled,
-                async_window_size=self.async_.window_size,
-                max_carry_over_age_steps=self.async_.max_carry_over_age_steps,
-                staleness_policy=self.async_.staleness_policy,
-                refill_during_collection=self.async_.refill_during_collection,
+            return self.async_.window_config(
+                train_batch_size=self.train_batch_size, samples_per_prompt=self.rollout.samples_per_prompt
             )
         except ValidationError as error:
             messages = "; ".join(

@@ -18,6 +18,7 @@ from asyncrl.gateway.admission import PARSED_BODY_SCOPE_KEY
 from asyncrl.gateway.capture import events_document
 from asyncrl.gateway.routes.common import ApiError, GatewayParts
 from asyncrl.gateway.store import EventRejected, RolloutFinished, RolloutNotFound, UnknownAttempt
+from asyncrl.gateway_api import paths
 from asyncrl.gateway_api.models import AgentEvent, EventsBatchRequest
 
 _ENCODER = msgspec.json.Encoder()
@@ -28,7 +29,7 @@ def events_router(parts: GatewayParts) -> APIRouter:
     router = APIRouter()
     store, metrics = parts.store, parts.metrics
 
-    @router.post("/api/rollouts/events")
+    @router.post(paths.ROLLOUTS_EVENTS)
     async def rollout_events_batch(request: EventsBatchRequest) -> Response:
         """Many rollouts' events documents in one answer (see `EventsBatchRequest` for the shape and bounds).
 
@@ -60,12 +61,12 @@ def events_router(parts: GatewayParts) -> APIRouter:
         body = b'%s,"documents":[%s]}' % (head[:-1].encode(), b",".join(documents))
         return Response(body, media_type="application/json")
 
-    @router.get("/api/rollouts/{rollout_id}/events")
+    @router.get(paths.ROLLOUT_EVENTS)
     async def rollout_events(rollout_id: str) -> Response:
         return Response(events_document(parts.rollout(rollout_id)), media_type="application/json")
 
     @router.post(
-        "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events",
+        paths.ATTEMPT_EVENTS,
         status_code=201,
         openapi_extra={"requestBody": {"content": {"application/json": {"schema": _EVENT_SCHEMA}}}},
     )

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from asyncrl.gateway.routes.common import ApiError, GatewayParts
 from asyncrl.gateway.store import FeedGap
+from asyncrl.gateway_api import paths
 from asyncrl.gateway_api.models import CompletionPage, GatewayStats, TrainerReport, WindowSummary
 from asyncrl.rollouts import RolloutState
 
@@ -25,7 +26,7 @@ def feeds_router(parts: GatewayParts) -> APIRouter:
     router = APIRouter()
     store = parts.store
 
-    @router.get("/api/stats")
+    @router.get(paths.STATS)
     async def stats() -> dict[str, Any]:
         """Rollouts by state now and finished ever (consumed ones get deleted), feed cursor, pause state."""
         return GatewayStats(
@@ -38,13 +39,13 @@ def feeds_router(parts: GatewayParts) -> APIRouter:
             **parts.pause_fields(),
         ).wire()
 
-    @router.put("/api/trainer/report")
+    @router.put(paths.TRAINER_REPORT)
     async def put_trainer_report(report: TrainerReport) -> TrainerReport:
         """The trainer's last word before it exits with an error (kept for the operator's status)."""
         store.set_trainer_report(report)
         return report
 
-    @router.get("/api/completions")
+    @router.get(paths.COMPLETIONS)
     async def completions(
         after: Annotated[int, Query(ge=0)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
@@ -56,11 +57,11 @@ def feeds_router(parts: GatewayParts) -> APIRouter:
             raise ApiError(410, str(error), cursor=store.feed_cursor) from error
         return CompletionPage(entries=entries, cursor=cursor)
 
-    @router.put("/api/window/summary")
+    @router.put(paths.WINDOW_SUMMARY)
     async def put_summary(summary: WindowSummary) -> WindowSummary:
         return store.set_summary(summary)
 
-    @router.get("/api/window/summary")
+    @router.get(paths.WINDOW_SUMMARY)
     async def get_summary(
         after_step: Annotated[int | None, Query(ge=-1)] = None,
         after_posted: Annotated[int | None, Query(ge=0)] = None,

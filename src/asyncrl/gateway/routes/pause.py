@@ -16,6 +16,7 @@ from fastapi import APIRouter, Body, Query
 
 from asyncrl.gateway.pause_state import PauseState
 from asyncrl.gateway.routes.common import GatewayParts
+from asyncrl.gateway_api import paths
 from asyncrl.gateway_api.models import (
     LeaseRenewal,
     PauseRequest,
@@ -96,7 +97,7 @@ def pause_router(parts: GatewayParts) -> APIRouter:
             "aborted": result.aborted,
         }
 
-    @router.post("/proxy/pause")
+    @router.post(paths.PAUSE)
     async def pause_route(
         request: Annotated[PauseRequest | None, Body()] = None, wait: DrainWait = None
     ) -> dict[str, Any]:
@@ -112,31 +113,31 @@ def pause_router(parts: GatewayParts) -> APIRouter:
         metrics.paused.set(1)
         return await view(wait)
 
-    @router.post("/proxy/pause/renew")
+    @router.post(paths.PAUSE_RENEW)
     async def renew_route(request: LeaseRenewal) -> dict[str, Any]:
         """Extend the pause in effect; `paused: false` in the answer means there was none to extend."""
         pause.renew(lease_seconds=request.lease_seconds)
         lease.reset()
         return await view()
 
-    @router.post("/proxy/resume")
+    @router.post(paths.RESUME)
     async def resume_route(request: Annotated[ResumeRequest | None, Body()] = None) -> dict[str, Any]:
         reopen(model_version=(request or ResumeRequest()).model_version)
         lease.reset()
         return await view()
 
-    @router.get("/proxy/state")
+    @router.get(paths.PAUSE_STATE)
     async def state_route(wait: DrainWait = None) -> dict[str, Any]:
         return await view(wait)
 
     def upstreams_view() -> UpstreamsView:
         return UpstreamsView(upstreams=list(proxy.upstreams.urls), model=proxy.model)
 
-    @router.get("/api/upstreams")
+    @router.get(paths.UPSTREAMS)
     async def get_upstreams() -> UpstreamsView:
         return upstreams_view()
 
-    @router.put("/api/upstreams")
+    @router.put(paths.UPSTREAMS)
     async def put_upstreams(request: UpstreamsUpdate) -> UpstreamsView:
         """Replace the upstream set; calls in flight finish on the server they started on."""
         proxy.set_upstreams(tuple(request.upstreams), model=request.model)

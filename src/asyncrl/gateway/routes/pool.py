@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 
 from asyncrl.gateway.routes.common import ApiError, GatewayParts, unless_disconnected
 from asyncrl.gateway.store import Rollout, RolloutConflict
+from asyncrl.gateway_api import paths
 from asyncrl.gateway_api.pool import PoolAssignment, PoolClaim, PoolOutcome, PoolRelease, PoolReleased
 from asyncrl.gateway_api.tokens import agent_token
 from asyncrl.rollouts import RolloutState
@@ -47,14 +48,14 @@ def worker_of(rollout: Rollout) -> str | None:
 
 
 def pool_router(parts: GatewayParts) -> APIRouter:
-    router = APIRouter(prefix="/api/pool")
+    router = APIRouter()
     store, key = parts.store, parts.key
 
     def fail(rollout: Rollout, message: str) -> None:
         with contextlib.suppress(RolloutConflict):  # ended meanwhile (cancelled, timed out)
             store.transition(rollout.rollout_id, RolloutState.FAILED, message=message, attempt_id=None)
 
-    @router.post("/claim")
+    @router.post(paths.POOL_CLAIM)
     async def claim(http_request: Request, request: PoolClaim) -> PoolAssignment:
         interrupted: list[str] = []
         for rollout in store.select():
@@ -80,7 +81,7 @@ def pool_router(parts: GatewayParts) -> APIRouter:
             return _assignment(rollout, key, interrupted)
         return PoolAssignment(interrupted=interrupted)
 
-    @router.post("/rollouts/{rollout_id}/transition")
+    @router.post(paths.POOL_TRANSITION)
     async def transition(rollout_id: str, request: PoolOutcome) -> dict[str, str]:
         rollout = parts.rollout(rollout_id)
         if worker_of(rollout) != request.worker:
@@ -93,7 +94,7 @@ def pool_router(parts: GatewayParts) -> APIRouter:
             raise ApiError(409, str(error)) from error
         return {"rollout_id": rollout_id, "state": str(rollout.state)}
 
-    @router.post("/release")
+    @router.post(paths.POOL_RELEASE)
     async def release(request: PoolRelease) -> PoolReleased:
         live = set(request.live_workers)
         failed: list[str] = []

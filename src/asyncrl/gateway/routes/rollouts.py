@@ -14,6 +14,7 @@ from asyncrl.gateway.routes.common import ApiError, GatewayParts, unless_disconn
 from asyncrl.gateway.store import (
     RolloutConflict,
 )
+from asyncrl.gateway_api import paths
 from asyncrl.gateway_api.models import (
     DEFAULT_LISTING_PAGE,
     MAX_LISTING_PAGE,
@@ -35,7 +36,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
     router = APIRouter()
     store = parts.store
 
-    @router.post("/api/rollouts", status_code=201)
+    @router.post(paths.ROLLOUTS, status_code=201)
     async def create_rollouts(requests: list[RolloutCreate]) -> dict[str, list[RolloutView]]:
         try:
             created = store.create(requests)
@@ -43,7 +44,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
             raise ApiError(409, str(error)) from error
         return {"rollouts": [rollout.view() for rollout in created]}
 
-    @router.get("/api/rollouts")
+    @router.get(paths.ROLLOUTS)
     async def list_rollouts(
         state: RolloutState | None = None,
         group_id: str | None = None,
@@ -59,7 +60,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
         )
         return Response(answer.model_dump_json(), media_type="application/json")
 
-    @router.post("/api/rollouts/claim")
+    @router.post(paths.ROLLOUTS_CLAIM)
     async def claim(
         http_request: Request, request: Annotated[ClaimRequest | None, Body()] = None
     ) -> dict[str, list[RolloutView]]:
@@ -81,15 +82,15 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
             return {"rollouts": []}
         return {"rollouts": [rollout.view() for rollout in claimed]}
 
-    @router.post("/api/rollouts/delete")
+    @router.post(paths.ROLLOUTS_DELETE)
     async def delete_rollouts(request: DeleteRequest) -> dict[str, int]:
         return {"deleted": store.delete(request.rollout_ids)}
 
-    @router.get("/api/rollouts/{rollout_id}")
+    @router.get(paths.ROLLOUT)
     async def get_rollout(rollout_id: str) -> RolloutView:
         return parts.rollout(rollout_id).view()
 
-    @router.post("/api/rollouts/{rollout_id}/transition")
+    @router.post(paths.ROLLOUT_TRANSITION)
     async def transition(rollout_id: str, request: Transition) -> RolloutView:
         parts.rollout(rollout_id)
         if request.instance_id is not None and request.instance_id != store.instance_id:
@@ -107,7 +108,7 @@ def rollouts_router(parts: GatewayParts) -> APIRouter:
             raise ApiError(409, str(error)) from error
         return rollout.view()
 
-    @router.post("/api/rollouts/{rollout_id}/launch")
+    @router.post(paths.ROLLOUT_LAUNCH)
     async def launch(rollout_id: str, request: LaunchRequest) -> LaunchReceipt:
         """Mark the rollout launched (the operator calls this before creating its agent Job); 409 if another
         launch won or the rollout is no longer queued."""

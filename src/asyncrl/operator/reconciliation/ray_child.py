@@ -23,7 +23,6 @@ from asyncrl.workloads.ray_cluster import (
     RAY_CLUSTER_PLURAL,
     RAY_GROUP,
     ray_cluster,
-    ray_cluster_state,
     trainer_observation,
 )
 from asyncrl.workloads.trainer_state import TrainerObservation
@@ -128,11 +127,6 @@ async def read_ray_cluster(kube: Kube, namespace: str, run_name: str) -> JSON | 
     return await kube.read_custom(
         RAY_GROUP, RAY_VERSION, RAY_CLUSTER_PLURAL, namespace, names.ray_cluster_name(run_name)
     )
-
-
-async def ray_cluster_summary(kube: Kube, namespace: str, run_name: str) -> str | None:
-    """KubeRay's state of the run's cluster in one line, for the run's status; None when there is none."""
-    return ray_cluster_state(await read_ray_cluster(kube, namespace, run_name))
 
 
 async def read_trainer(kube: Kube, namespace: str, run_name: str) -> TrainerObservation | None:
