@@ -1,0 +1,1 @@
+"""Tests of the agent Job templates (src/asyncrl/agent_templates): rendering, typos, the pod policy."""
