@@ -23,6 +23,17 @@ What it measures
     this script's watch), each broken down by verb and resource for the largest size; status lag p50 / p99 /
     max; steps never seen in the status within `--grace` seconds.
 
+Failover (`--failover`, issue 38 item 3)
+    Per size, two operators with `--leader-elect` instead of one. Once every run is Running, the leader (the
+    Lease's holder) is SIGKILLed and the window starts at once, driven as above. The **failover time** is the
+    kill to the first status write the watch sees from the new leader (writes within 1 s of the kill are
+    the dead leader's last requests in flight); **recovery** is the kill to every run's status written by
+    it. The status lag is reported for the steps posted after the failover (and, apart, for those posted
+    during it, which wait for the new leader), and for those posted after the recovery. The operator's
+    memory is the survivor's. A replica that exits before the kill (it lost the Lease under the load of
+    starting the runs) is started again, as its Deployment would, and counted ("lost at start").
+    Targets: failover under 15 s; status lag p99 <= 5 s after the failover.
+
 Targets (issue 25 item 9)
     At 100 runs: status lag p99 <= 5 s; operator memory <= 1 GiB; the cost per run (the operator's CPU and
     its own API requests per run-minute) at the largest size within 1.5x of that at the smallest size of at
@@ -32,7 +43,7 @@ Targets (issue 25 item 9)
 
 Run
     .venv/bin/python benchmarks/many_runs.py [--runs 1,10,50,100] [--minutes 2] [--step-seconds 15]
-        [--rollouts-per-step 1]
+        [--rollouts-per-step 1] [--failover [--election LEASE,DEADLINE,RETRY]]
     Needs the provisioned control plane (scripts/provision-k8s.sh). The default run takes about 20 minutes on
     a 2-core machine, most of it starting and collecting 161 runs' pods.
 """
@@ -74,7 +85,9 @@ from operator_jobs import (
 )
 
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
+from asyncrl.operator.leadership import DEFAULT_LEASE_NAME
 from asyncrl.testing.controlplane import ControlPlane
+from asyncrl.testing.processes import ServerProcess
 from asyncrl.testing.waiting import WaitTimeout, wait_for
 from asyncrl.workloads import names
 
@@ -203,6 +216,8 @@ class StepWatch:
         self.api = api
         self.seen: dict[tuple[str, int], float] = {}  # (run, step): monotonic time first seen
         self.phases: dict[str, str] = {}
+        self.changes: dict[str, list[float]] = {}  # run: monotonic times its status changed
+        self._statuses: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._streams: list[Any] = []
@@ -220,6 +235,14 @@ class StepWatch:
     def first_seen(self, run: str, step: int) -> float | None:
         with self._lock:
             return self.seen.get((run, step))
+
+    def first_changes_after(self, moment: float) -> dict[str, float]:
+        """Each run's first status change after `moment` (runs without one are absent)."""
+        with self._lock:
+            found = {
+                run: next((at for at in times if at > moment), None) for run, times in self.changes.items()
+            }
+        return {run: at for run, at in found.items() if at is not None}
 
     def phase_counts(self) -> dict[str, int]:
         with self._lock:
@@ -267,6 +290,9 @@ class StepWatch:
                 self.phases.pop(name, None)
                 return
             self.phases[name] = str(status.get("phase", ""))
+            if status != self._statuses.get(name):
+                self.changes.setdefault(name, []).append(now)
+                self._statuses[name] = status
             step = status.get("step")
             if isinstance(step, int):
                 # A step the status jumped over (two summaries within one write) counts as shown then too.
@@ -458,6 +484,211 @@ def measure_size(
     return result
 
 
+# -- failover: two elected operators, the leader SIGKILLed --------------------------------------------------
+
+LEADER_ELECT = ("--leader-elect",)
+IN_FLIGHT_SECONDS = 1.0  # status writes seen this soon after the kill are the dead leader's last requests
+TARGET_FAILOVER_SECONDS = 15.0
+
+
+@dataclass
+class FailoverResult:
+    runs: int
+    failover_seconds: float = math.nan  # the kill to the new leader's first status write
+    recovery_seconds: float = math.nan  # the kill to every run's status written by the new leader
+    recovered_runs: int = 0
+    after: SizeResult = field(default_factory=lambda: SizeResult(runs=0))  # lags of steps posted after it
+    during: list[float] = field(default_factory=list)  # lags of steps posted between the kill and it
+    lost_after_kill: int = 0  # the survivor's own Lease losses (it exits: the runs stop being served)
+    lost_while_starting: int = 0  # Leases lost under the load of starting the runs (the replica restarted)
+    recovered: SizeResult = field(default_factory=lambda: SizeResult(runs=0))  # steps posted after recovery
+
+
+def _lease_holder(api: Any) -> str:
+    from kubernetes import client
+
+    try:
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(DEFAULT_LEASE_NAME, NAMESPACE)
+    except client.exceptions.ApiException:
+        return ""
+    return str(lease.spec.holder_identity or "")
+
+
+def measure_failover(
+    api: Any, plane: ControlPlane, work_dir: Path, runs: int, args: argparse.Namespace
+) -> FailoverResult:
+    result = FailoverResult(runs=runs, after=SizeResult(runs=runs))
+
+    def replica(name: str) -> tuple[ServerProcess, int]:
+        log_dir = work_dir / f"failover-{runs}" / name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        return start_operator(plane, log_dir, (*LEADER_ELECT, *args.election_args))
+
+    operators = [replica("a"), replica("b")]
+    restarting = threading.Event()
+
+    def restart_exited() -> None:
+        """What their Deployment would do: a replica that exited (it lost the Lease) starts again."""
+        while not restarting.wait(1.0):
+            for index, (operator, _) in enumerate(operators):
+                if operator.process.poll() is not None:
+                    result.lost_while_starting += operator.log().count("lost Lease")
+                    print(f"  replica {index} exited (lost the Lease); restarting it", flush=True)
+                    operators[index] = replica(f"{'ab'[index]}-{result.lost_while_starting}")
+
+    restarter = threading.Thread(target=restart_exited, daemon=True)
+    restarter.start()
+    try:
+        wait_for(lambda: _lease_holder(api), timeout=60, what="a leader")
+        names_ = [f"run-{runs}-{index}" for index in range(runs)]
+        ports = _distinct_ports(names_)
+        handles = [RunHandle(name) for name in names_]
+        with StepWatch(api) as watch:
+            began = time.monotonic()
+            _apply_runs(plane, names_, ports)
+            _wait_started(api, handles, watch, ports)
+            result.after.startup_seconds = time.monotonic() - began
+            restarting.set()  # from here on, an exit is the measurement's (the SIGKILL, or a loss counted)
+            restarter.join()
+            pids = [operator.process.pid for operator, _ in operators]
+            holder = wait_for(
+                lambda: (h := _lease_holder(api)) and int(h.rsplit("-", 2)[-2]) in pids and h,
+                timeout=60,
+                what="a running replica to hold the Lease",
+            )
+            leader = pids.index(int(str(holder).rsplit("-", 2)[-2]))  # hostname-pid-random outside a pod
+            survivor, metrics_port = operators[1 - leader]
+            print(
+                f"  all {runs} Running after {result.after.startup_seconds:.0f} s; killing the leader",
+                flush=True,
+            )
+            own_before = operator_requests(metrics_port)
+            cpu_before = _cpu_with_children(survivor.process.pid)
+            with MemorySampler(survivor.process.pid) as memory:
+                killed_at = time.monotonic()
+                os.killpg(pids[leader], signal.SIGKILL)
+                operators[leader][0].process.wait(timeout=30)
+                result.after.rollouts_posted = _drive(
+                    handles,
+                    minutes=args.minutes,
+                    step_seconds=args.step_seconds,
+                    rollouts_per_step=args.rollouts_per_step,
+                )
+                result.after.window_seconds = time.monotonic() - killed_at
+                result.after.operator_cpu = _cpu_with_children(survivor.process.pid) - cpu_before
+                result.after.operator_requests = requests_delta(own_before, operator_requests(metrics_port))
+                _collect_lags(handles, watch, args.grace, SizeResult(runs=runs))  # waits up to --grace
+            result.after.operator_peak_bytes = memory.peak_bytes()
+            result.lost_after_kill = survivor.log().count("lost Lease")
+            firsts = watch.first_changes_after(killed_at + IN_FLIGHT_SECONDS)
+            result.recovered_runs = len(firsts)
+            if firsts:
+                failover_at = min(firsts.values())
+                result.failover_seconds = failover_at - killed_at
+                recovered_at = max(firsts.values()) if len(firsts) == runs else math.inf
+                result.recovery_seconds = recovered_at - killed_at
+                _split_lags(handles, watch, failover_at, result)
+                _split_lags(handles, watch, recovered_at, result, into=result.recovered)
+        result.after.cleanup_seconds = _delete_all(api, plane, timeout=300 + 3 * runs)
+    except BaseException:
+        for operator, _ in operators:
+            print(operator.log()[-3000:], file=sys.stderr)
+        raise
+    finally:
+        restarting.set()
+        for operator, _ in operators:
+            operator.stop()
+    return result
+
+
+def _split_lags(
+    handles: list[RunHandle],
+    watch: StepWatch,
+    failover_at: float,
+    result: FailoverResult,
+    into: SizeResult | None = None,
+) -> None:
+    """The lags of the steps posted after `failover_at` into `into` (default `result.after`), those posted
+    before it (during the failover) into `result.during`."""
+    after = result.after if into is None else into
+    for handle in handles:
+        for step, posted in handle.posted.items():
+            seen = watch.first_seen(handle.name, step)
+            if posted < failover_at:
+                if seen is not None and into is None:
+                    result.during.append(max(0.0, seen - posted))
+                continue
+            after.steps_posted += 1
+            if seen is None:
+                after.unseen_steps += 1
+            else:
+                after.lags.append(max(0.0, seen - posted))
+
+
+def report_failover(results: list[FailoverResult]) -> bool:
+    rows = [
+        [
+            r.runs,
+            f"{r.failover_seconds:.1f}",
+            f"{r.recovery_seconds:.1f}"
+            if r.recovered_runs == r.runs
+            else f"{r.recovered_runs}/{r.runs} runs",
+            f"{len(r.during)}",
+            f"{max(r.during, default=math.nan):.1f}",
+            f"{r.after.steps_posted}",
+            f"{r.after.unseen_steps}",
+            f"{r.after.lag(0.5):.2f}",
+            f"{r.after.lag(0.99):.2f}",
+            f"{max(r.after.lags, default=math.nan):.2f}",
+            f"{r.recovered.lag(0.5):.2f} / {r.recovered.lag(0.99):.2f}",
+            f"{r.after.operator_peak_bytes >> 20}",
+            f"{r.lost_while_starting}",
+            f"{r.lost_after_kill}",
+        ]
+        for r in results
+    ]
+    headers = [
+        "runs",
+        "failover s",
+        "recovery s",
+        "steps during",
+        "their lag max s",
+        "steps after",
+        "unseen",
+        "lag p50 s",
+        "lag p99 s",
+        "lag max s",
+        "after recovery p50/p99 s",
+        "survivor MiB",
+        "lost at start",
+        "survivor lost Lease",
+    ]
+    print(table(headers, rows))
+    met = True
+    for r in results:
+        checks = [
+            (
+                f"{r.runs} runs: failover under {TARGET_FAILOVER_SECONDS:.0f} s",
+                r.failover_seconds < TARGET_FAILOVER_SECONDS,
+                f"{r.failover_seconds:.1f} s",
+            ),
+            (
+                f"{r.runs} runs: lag p99 <= {TARGET_LAG_P99_SECONDS:.0f} s after the failover, all shown",
+                r.after.lag(0.99) <= TARGET_LAG_P99_SECONDS and r.after.unseen_steps == 0,
+                f"p99 {r.after.lag(0.99):.2f} s, {r.after.unseen_steps} unseen",
+            ),
+            (
+                f"{r.runs} runs: the new leader keeps the Lease",
+                r.lost_after_kill == 0,
+                f"{r.lost_after_kill} lost",
+            ),
+        ]
+        for name, ok, detail in checks:
+            print(verdict(name, ok, detail))
+            met = met and ok
+    return met
+
+
 # -- the report -------------------------------------------------------------------------------------------
 
 
@@ -575,6 +806,15 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _durations(text: str) -> tuple[str, ...]:
+    lease, deadline, retry = text.split(",")
+    return (
+        f"--leader-election-lease-seconds={lease}",
+        f"--leader-election-renew-deadline-seconds={deadline}",
+        f"--leader-election-retry-seconds={retry}",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=parse_sizes, default=[1, 10, 50, 100], help="sizes, e.g. 1,10,50,100")
@@ -582,6 +822,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=15.0, help="each run's step interval")
     parser.add_argument("--rollouts-per-step", type=int, default=1, help="agent Jobs per run and step")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds a step may take to show after")
+    parser.add_argument(
+        "--failover",
+        action="store_true",
+        help="two operators with --leader-elect; SIGKILL the leader once the runs are Running (see above)",
+    )
+    parser.add_argument(
+        "--election",
+        type=_durations,
+        default=(),
+        metavar="LEASE,DEADLINE,RETRY",
+        dest="election_args",
+        help="with --failover: the election's durations in seconds (default: the operator's)",
+    )
     args = parser.parse_args(argv)
     if args.step_seconds <= 0 or args.minutes <= 0 or args.rollouts_per_step < 0:
         parser.error("--minutes and --step-seconds must be > 0, --rollouts-per-step >= 0")
@@ -590,6 +843,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-many-runs-") as tmp:
         work_dir = Path(tmp)
         with cluster(work_dir) as (plane, api):
+            if args.failover:
+                return _main_failover(api, plane, work_dir, args, began)
             for runs in args.runs:
                 print(f"{runs} runs: applying", flush=True)
                 results.append(measure_size(api, plane, work_dir, runs, args))
@@ -604,6 +859,27 @@ def main(argv: list[str] | None = None) -> int:
                 )
     print()
     met = report(results)
+    print(
+        f"\n(total {time.monotonic() - began:.0f} s, with the control plane's start; {os.cpu_count()} cores)"
+    )
+    return 0 if met else 1
+
+
+def _main_failover(
+    api: Any, plane: ControlPlane, work_dir: Path, args: argparse.Namespace, began: float
+) -> int:
+    results: list[FailoverResult] = []
+    for runs in args.runs:
+        print(f"{runs} runs, two elected operators: applying", flush=True)
+        results.append(measure_failover(api, plane, work_dir, runs, args))
+        done = results[-1]
+        print(
+            f"  done: failover {done.failover_seconds:.1f} s, lag after it p50 {done.after.lag(0.5):.2f} s, "
+            f"p99 {done.after.lag(0.99):.2f} s",
+            flush=True,
+        )
+    print()
+    met = report_failover(results)
     print(
         f"\n(total {time.monotonic() - began:.0f} s, with the control plane's start; {os.cpu_count()} cores)"
     )

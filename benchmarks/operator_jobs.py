@@ -216,7 +216,10 @@ def cluster(work_dir: Path, *, controller_manager_qps: int = 0) -> Iterator[tupl
                 api.close()
 
 
-def start_operator(plane: ControlPlane, log_dir: Path) -> tuple[ServerProcess, int]:
+def start_operator(
+    plane: ControlPlane, log_dir: Path, extra_args: tuple[str, ...] = ()
+) -> tuple[ServerProcess, int]:
+    """`asyncrl operator` on the benchmark's namespace; `extra_args`: more flags (e.g. `--leader-elect`)."""
     health, metrics = free_port(), free_port()
     process = start_server(
         [
@@ -232,6 +235,7 @@ def start_operator(plane: ControlPlane, log_dir: Path) -> tuple[ServerProcess, i
             f"--health-port={health}",
             f"--metrics-port={metrics}",
             "--log-level=warning",
+            *extra_args,
         ],
         ready_url=f"http://127.0.0.1:{health}/healthz",
         log_path=log_dir / "operator.log",

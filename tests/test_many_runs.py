@@ -87,3 +87,24 @@ def test_an_operator_without_the_request_counter_is_reported_not_crashed_on(
     result.requests = {("get", "services"): 120.0}
     many_runs.report([result])
     assert "(none counted" in capsys.readouterr().out
+
+
+def test_failover_lags_count_only_the_steps_posted_after_the_new_leaders_first_write(
+    many_runs: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    watch = many_runs.StepWatch(api=None)
+    watch._note("ADDED", _run("a", 0), 1.0)
+    killed_at = 2.0
+    watch._note("MODIFIED", _run("a", 0, phase="Running"), 2.5)  # unchanged: no write seen
+    watch._note("MODIFIED", _run("a", 1), 12.0)  # the new leader's first write: step 1 posted during it
+    watch._note("MODIFIED", _run("a", 2), 16.0)
+    firsts = watch.first_changes_after(killed_at + many_runs.IN_FLIGHT_SECONDS)
+    assert firsts == {"a": 12.0}
+    handle = many_runs.RunHandle("a", posted={1: 3.0, 2: 15.0, 3: 20.0})
+    result = many_runs.FailoverResult(runs=1, failover_seconds=firsts["a"] - killed_at)
+    result.after = many_runs.SizeResult(runs=1)
+    many_runs._split_lags([handle], watch, firsts["a"], result)
+    assert result.during == [9.0]
+    assert (result.after.lags, result.after.steps_posted, result.after.unseen_steps) == ([1.0], 2, 1)
+    assert not many_runs.report_failover([result])  # step 3 never shown
+    assert "failover under 15 s" in capsys.readouterr().out

@@ -63,8 +63,11 @@ OPERATOR_LAYERS = "The operator's layers"
         ("workloads/names.py", "asyncrl.manifest.validate", LAYERS),  # a component imports no check or CLI
         ("workloads/children.py", "asyncrl.operator.kube", LAYERS),  # the builders are under the operator
         ("agent_templates/render.py", "asyncrl.workloads.names", LAYERS),  # ... and the templates under them
-        # Inside the operator: the reconcile never imports the dispatcher, the plumbing neither of them.
+        # Inside the operator: the reconcile and the dispatcher never import each other, what they share
+        # (run_link) neither of them, the plumbing none of them.
         ("operator/reconciliation/status.py", "asyncrl.operator.dispatcher.ratelimit", OPERATOR_LAYERS),
+        ("operator/dispatcher/ratelimit.py", "asyncrl.operator.reconciliation.status", OPERATOR_LAYERS),
+        ("operator/run_link/run_context.py", "asyncrl.operator.reconciliation.status", OPERATOR_LAYERS),
         ("operator/kube.py", "asyncrl.operator.reconciliation.child_index", OPERATOR_LAYERS),
         ("operator/dispatcher/ratelimit.py", "asyncrl.operator.handlers", OPERATOR_LAYERS),
         ("local/run.py", "asyncrl.testing.controlplane", "Nothing outside the tests imports the test"),

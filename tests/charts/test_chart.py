@@ -76,6 +76,18 @@ def rbac_rules(path: Path, kind: str) -> list[list[Manifest]]:
     return [doc["rules"] for doc in yaml.safe_load_all(path.read_text()) if doc and doc["kind"] == kind]
 
 
+LEASE_ROLE_SUFFIX = "-leader-election"
+
+
+def for_runs(docs: list[Manifest]) -> list[Manifest]:
+    """The documents without the leader election's Role and RoleBinding (those of the runs' namespaces)."""
+    return [doc for doc in docs if not doc["metadata"]["name"].endswith(LEASE_ROLE_SUFFIX)]
+
+
+def for_the_lease(docs: list[Manifest]) -> list[Manifest]:
+    return [doc for doc in docs if doc["metadata"]["name"].endswith(LEASE_ROLE_SUFFIX)]
+
+
 # -- lint and files ---------------------------------------------------------------------------------------
 
 
@@ -109,13 +121,17 @@ def test_the_charts_crd_is_the_committed_crd_byte_for_byte() -> None:
 
 
 def test_the_charts_rbac_rules_are_those_of_operator_rbac(helm: list[str], helm_env: dict[str, str]) -> None:
-    namespaced = documents(render(helm, helm_env))
+    namespaced = for_runs(documents(render(helm, helm_env)))
     assert [one(namespaced, "Role")["rules"]] == rbac_rules(RBAC_DIR / "role.yaml", "Role")
     assert [one(namespaced, "ClusterRole")["rules"]] == rbac_rules(RBAC_DIR / "role.yaml", "ClusterRole")
     cluster_wide = documents(render(helm, helm_env, **{"watch.clusterWide": True}))
     assert [one(cluster_wide, "ClusterRole")["rules"]] == rbac_rules(
         RBAC_DIR / "clusterrole.yaml", "ClusterRole"
     )
+    # The Lease's Role, in the release namespace whatever is watched.
+    for values in ({}, {"watch.clusterWide": True}):
+        lease_role = one(for_the_lease(documents(render(helm, helm_env, **values))), "Role")
+        assert [lease_role["rules"]] == rbac_rules(RBAC_DIR / "leader-election.yaml", "Role")
 
 
 def test_kuberay_rules_are_rendered_only_when_enabled_and_are_those_of_operator_rbac(
@@ -123,10 +139,10 @@ def test_kuberay_rules_are_rendered_only_when_enabled_and_are_those_of_operator_
 ) -> None:
     base = rbac_rules(RBAC_DIR / "role.yaml", "Role")[0]
     (extra,) = rbac_rules(RBAC_DIR / "kuberay.yaml", "Role")
-    default = documents(render(helm, helm_env))
+    default = for_runs(documents(render(helm, helm_env)))
     assert one(default, "Role")["rules"] == base
     assert not [rule for rule in one(default, "Role")["rules"] if "ray.io" in rule["apiGroups"]]
-    enabled = documents(render(helm, helm_env, **{"kuberay.enabled": True}))
+    enabled = for_runs(documents(render(helm, helm_env, **{"kuberay.enabled": True})))
     assert one(enabled, "Role")["rules"] == base + extra
     cluster_wide = documents(render(helm, helm_env, **{"kuberay.enabled": True, "watch.clusterWide": True}))
     assert all(rule in one(cluster_wide, "ClusterRole")["rules"] for rule in extra)
@@ -135,23 +151,30 @@ def test_kuberay_rules_are_rendered_only_when_enabled_and_are_those_of_operator_
 # -- rendering --------------------------------------------------------------------------------------------
 
 
-def test_default_values_render_a_hardened_single_operator_for_the_release_namespace(
+def test_default_values_render_a_hardened_elected_operator_for_the_release_namespace(
     helm: list[str], helm_env: dict[str, str]
 ) -> None:
-    docs = documents(render(helm, helm_env, namespace="ml"))
-    kinds = sorted(doc["kind"] for doc in docs)
+    all_docs = documents(render(helm, helm_env, namespace="ml"))
+    kinds = sorted(doc["kind"] for doc in all_docs)
     assert kinds == [
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
         "Role",
+        "Role",
+        "RoleBinding",
         "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
+    docs = for_runs(all_docs)
     deployment = one(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Elected even alone: an upgrade's new pod stands by (Ready) until the old one releases the Lease.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -165,7 +188,15 @@ def test_default_values_render_a_hardened_single_operator_for_the_release_namesp
         "--metrics-port=9090",
         "--log-level=info",
         "--agent-pod-policy=restricted",
+        "--leader-elect",
+        "--leader-election-lease=asyncrl-asyncrl-operator",
     ]
+    downward = {
+        variable["name"]: variable["valueFrom"]["fieldRef"]["fieldPath"]
+        for variable in container["env"]
+        if "valueFrom" in variable
+    }
+    assert downward == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     assert container["securityContext"] == {
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
@@ -188,6 +219,13 @@ def test_default_values_render_a_hardened_single_operator_for_the_release_namesp
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "ml"}
     ]
+    lease_role, lease_binding = (
+        one(for_the_lease(all_docs), "Role"),
+        one(for_the_lease(all_docs), "RoleBinding"),
+    )
+    assert lease_role["metadata"]["namespace"] == lease_binding["metadata"]["namespace"] == "ml"
+    assert lease_binding["roleRef"]["name"] == lease_role["metadata"]["name"]
+    assert lease_binding["subjects"] == binding["subjects"]
     # The namespaced install's only cluster-wide grant is reading CRDs.
     assert one(docs, "ClusterRole")["rules"] == [
         {
@@ -201,9 +239,15 @@ def test_default_values_render_a_hardened_single_operator_for_the_release_namesp
 def test_cluster_wide_values_render_all_namespaces_and_a_cluster_role(
     helm: list[str], helm_env: dict[str, str]
 ) -> None:
-    docs = documents(render(helm, helm_env, **{"watch.clusterWide": True}))
+    all_docs = documents(render(helm, helm_env, namespace="ml", **{"watch.clusterWide": True}))
+    docs = for_runs(all_docs)
     kinds = sorted(doc["kind"] for doc in docs)
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    # The Lease is namespaced: a Role in the release namespace, no cluster-wide grant on leases.
+    assert [(doc["kind"], doc["metadata"]["namespace"]) for doc in for_the_lease(all_docs)] == [
+        ("Role", "ml"),
+        ("RoleBinding", "ml"),
+    ]
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "--all-namespaces"
     assert not any(arg.startswith("--namespace") for arg in args)
@@ -211,7 +255,7 @@ def test_cluster_wide_values_render_all_namespaces_and_a_cluster_role(
 
 
 def test_watch_namespaces_render_one_role_per_namespace(helm: list[str], helm_env: dict[str, str]) -> None:
-    docs = documents(render(helm, helm_env, **{"watch.namespaces": ["team-a", "team-b"]}))
+    docs = for_runs(documents(render(helm, helm_env, **{"watch.namespaces": ["team-a", "team-b"]})))
     roles = sorted(doc["metadata"]["namespace"] for doc in docs if doc["kind"] == "Role")
     bindings = sorted(doc["metadata"]["namespace"] for doc in docs if doc["kind"] == "RoleBinding")
     assert roles == bindings == ["team-a", "team-b"]
@@ -296,12 +340,15 @@ def test_values_are_checked_against_the_schema(helm: list[str], helm_env: dict[s
     assert "serviceMonitor.enabled needs metrics.enabled" in orphan_monitor.stderr
 
 
-def test_more_than_one_replica_is_refused_and_says_why(helm: list[str], helm_env: dict[str, str]) -> None:
+def test_two_or_more_replicas_render_elected_replicas_and_negative_ones_are_refused(
+    helm: list[str], helm_env: dict[str, str]
+) -> None:
     args = ["template", "asyncrl", str(CHART), f"--kube-version={KUBE_VERSION}"]
-    two = _helm(helm, helm_env, *args, *_values(replicas=2), check=False)
-    assert two.returncode != 0
-    assert "replicas: at most 1" in two.stderr
-    assert "leader election" in two.stderr
+    for replicas in (2, 3):
+        deployment = one(documents(render(helm, helm_env, replicas=replicas)), "Deployment")
+        assert deployment["spec"]["replicas"] == replicas
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert "--leader-elect" in container["args"]
     negative = _helm(helm, helm_env, *args, *_values(replicas=-1), check=False)
     assert negative.returncode != 0
     assert "replicas" in negative.stderr
@@ -341,8 +388,14 @@ def test_security_contexts_and_env_are_values_merged_into_the_restricted_default
     (container,) = pod["containers"]
     assert "readOnlyRootFilesystem" not in container["securityContext"]  # null drops a default
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert [variable["name"] for variable in container["env"]] == ["PYTHONUNBUFFERED", "HTTPS_PROXY", "TOKEN"]
-    assert container["env"][2]["valueFrom"] == {"secretKeyRef": {"name": "s", "key": "k"}}
+    assert [variable["name"] for variable in container["env"]] == [
+        "PYTHONUNBUFFERED",
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "HTTPS_PROXY",
+        "TOKEN",
+    ]
+    assert container["env"][4]["valueFrom"] == {"secretKeyRef": {"name": "s", "key": "k"}}
 
 
 def test_an_env_entry_without_a_name_is_rejected_by_the_schema(
@@ -517,6 +570,8 @@ def test_helm_install_runs_the_operator_with_the_charts_rbac_and_uninstall_keeps
         "ClusterRoleBinding",
         "Deployment",
         "Role",
+        "Role",
+        "RoleBinding",
         "RoleBinding",
         "Service",
         "ServiceAccount",
@@ -599,6 +654,11 @@ def test_helm_install_runs_the_operator_with_the_charts_rbac_and_uninstall_keeps
         raise
     metrics = _get_url(f"http://127.0.0.1:{metrics_port}/metrics")
     assert "asyncrl_operator_status_writes_total" in metrics
+    # Elected under the chart's Lease Role: the pod's name (downward API) holds the release's Lease.
+    assert "asyncrl_operator_leader 1.0" in metrics
+    assert json.loads(_get_url(f"http://127.0.0.1:{health_port}/readyz"))["leading"] is True
+    lease = client.CoordinationV1Api(api_client).read_namespaced_lease(release, namespace)
+    assert lease.spec.holder_identity == "operator"
     assert service_account == "asyncrl-operator"
     assert rbac_denials(log_path.read_text(), namespace=namespace, service_account=service_account) == []
     subprocess.run([*kubectl, "delete", "atr", "charted", "-n", namespace, "--wait=false"], check=True)

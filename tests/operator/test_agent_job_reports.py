@@ -4,7 +4,7 @@ gateway process.
 No control plane here: the Job watch's events are handed to the dispatcher as the watch delivers them, and
 the agent Jobs the API server would list are given by a stand-in (the control-plane tests cover both for
 real, e.g. `test_reconcile_controlplane.py`, whose recreated trainer once waited 300 s for a rollout the
-first test here names, and `test_two_operators_controlplane.py`).
+first test here names, and `test_leader_election_controlplane.py`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,16 @@ import pytest
 
 from asyncrl.agent_templates.renderer import TemplateRenderer
 from asyncrl.api import load_run
-from asyncrl.operator.dispatcher import controller as dispatcher
-from asyncrl.operator.dispatcher.controller import ANNOTATION_GATEWAY_INSTANCE, RunController
+from asyncrl.gateway_api.client import GatewayClient
+from asyncrl.operator.dispatcher import vanished_launches
+from asyncrl.operator.dispatcher.controller import RunController
 from asyncrl.operator.dispatcher.job_state import ReportBook
+from asyncrl.operator.dispatcher.shared import ANNOTATION_GATEWAY_INSTANCE
 from asyncrl.operator.kube import Kube
 from asyncrl.operator.metrics import OperatorMetrics
-from asyncrl.operator.reconciliation.run_context import RunContext
+from asyncrl.operator.run_link.gateway_link import GatewayLink
+from asyncrl.operator.run_link.job_counters import JobCountsSeen
+from asyncrl.operator.run_link.run_context import RunContext
 from asyncrl.rollouts import RolloutState
 from asyncrl.workloads import names
 from tests.gateway.conftest import RunningGateway, create_rollouts, gateway, upstream_url
@@ -59,9 +63,31 @@ def _controller(running: RunningGateway, kube: object = None) -> RunController:
         template_source="",
     )
     # Reports use the gateway link and nothing of the API server: no Kube, no renderer.
-    return RunController(
-        context, kube=cast(Kube, kube), metrics=OperatorMetrics(), renderer=cast(TemplateRenderer, None)
+    gateway = GatewayClient(context.gateway_url, context.gateway_key)
+    controller: RunController | None = None
+
+    def restarted() -> None:
+        assert controller is not None
+        controller.gateway_restarted()
+
+    link = GatewayLink(
+        context,
+        kube=cast(Kube, kube),
+        client=gateway,
+        shown=JobCountsSeen(created=0, failed=0),
+        on_change=lambda: None,
+        on_restart=restarted,
     )
+    controller = RunController(
+        context,
+        kube=cast(Kube, kube),
+        metrics=OperatorMetrics(),
+        renderer=cast(TemplateRenderer, None),
+        gateway=gateway,
+        link=link,
+        changed=lambda: None,
+    )
+    return controller
 
 
 def _job(uid: str, rollout_id: str, instance: str, status: dict[str, Any]) -> dict[str, Any]:
@@ -86,18 +112,16 @@ def test_a_new_job_under_the_name_of_an_old_one_reports_running_before_its_succe
         async def scenario() -> None:
             controller = _controller(gateway)
             try:
-                instance = (await controller.link.read_stats()).instance_id
-                await controller._report_agent_job("MODIFIED", _job("uid-old", "s2-g0-r0", instance, RUNNING))
+                instance = (await controller.io.link.read_stats()).instance_id
+                await controller.reporter.report("MODIFIED", _job("uid-old", "s2-g0-r0", instance, RUNNING))
                 # The old launch ends with its trainer; the new trainer's rollout of the same id is queued.
                 assert (
                     admin.post("/api/rollouts/delete", json={"rollout_ids": ["s2-g0-r0"]}).status_code == 200
                 )
                 create_rollouts(admin, "s2-g0-r0")
-                await controller._report_agent_job(
-                    "MODIFIED", _job("uid-new", "s2-g0-r0", instance, COMPLETE)
-                )
+                await controller.reporter.report("MODIFIED", _job("uid-new", "s2-g0-r0", instance, COMPLETE))
             finally:
-                await controller.gateway.close()
+                await controller.io.gateway.close()
 
         asyncio.run(scenario())
         assert _state(admin, ROLLOUT) == "succeeded"
@@ -146,9 +170,9 @@ def _resolve_vanished_launches(running: RunningGateway, listed: _ListedJobs) -> 
     async def scenario() -> None:
         controller = _controller(running, listed)
         try:
-            await asyncio.wait_for(controller._resolve_vanished_launches(), timeout=60)
+            await asyncio.wait_for(vanished_launches.resolve_vanished_launches(controller.io), timeout=60)
         finally:
-            await controller.gateway.close()
+            await controller.io.gateway.close()
 
     asyncio.run(scenario())
 
@@ -158,12 +182,12 @@ def test_a_launch_without_a_job_is_judged_only_once_its_launcher_could_no_longer
 ) -> None:
     """Judged at once, a launch another operator was between recording and creating its Job for was failed
     (two operators at once, about 1 run in 15); now it is failed only when no Job came in that time."""
-    monkeypatch.setattr(dispatcher, "VANISHED_AFTER_SECONDS", 2.0)  # 130 s in the operator
+    monkeypatch.setattr(vanished_launches, "VANISHED_AFTER_SECONDS", 2.0)  # 130 s in the operator
     with gateway.management() as admin:
         launched_at = _launched_without_job(admin, ROLLOUT)
         _resolve_vanished_launches(gateway, _ListedJobs([]))
         rollout = admin.get(f"/api/rollouts/{ROLLOUT}").json()
-    assert (rollout["state"], rollout["message"]) == ("failed", dispatcher.VANISHED_WITHOUT_REWARD)
+    assert (rollout["state"], rollout["message"]) == ("failed", vanished_launches.VANISHED_WITHOUT_REWARD)
     assert rollout["finished_at"] >= launched_at + 2.0  # not at once
     assert time.time() - launched_at < 60
 
@@ -171,7 +195,7 @@ def test_a_launch_without_a_job_is_judged_only_once_its_launcher_could_no_longer
 def test_a_launch_whose_job_appears_while_it_is_young_is_left_to_that_job(
     gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatcher, "VANISHED_AFTER_SECONDS", 2.0)
+    monkeypatch.setattr(vanished_launches, "VANISHED_AFTER_SECONDS", 2.0)
     with gateway.management() as admin:
         _launched_without_job(admin, ROLLOUT)
         job = _job("uid-other", ROLLOUT, "instance-of-the-other-operator", RUNNING)
@@ -185,7 +209,7 @@ def test_a_launch_whose_agent_reported_is_judged_at_once(
 ) -> None:
     """After an operator restart, rollouts that finished while nobody watched (their Jobs removed, TTL 0) end
     with their rewards at once: their agents ran, so their Jobs existed; no launcher can still be at work."""
-    monkeypatch.setattr(dispatcher, "VANISHED_AFTER_SECONDS", 3600.0)
+    monkeypatch.setattr(vanished_launches, "VANISHED_AFTER_SECONDS", 3600.0)
     with gateway.management() as admin, gateway.agent(ROLLOUT) as agent:
         _launched_without_job(admin, ROLLOUT)
         reward = {"event_type": "reward", "data": {"value": 0.75}}
@@ -193,4 +217,4 @@ def test_a_launch_whose_agent_reported_is_judged_at_once(
         _resolve_vanished_launches(gateway, _ListedJobs([]))
         rollout = admin.get(f"/api/rollouts/{ROLLOUT}").json()
     assert (rollout["state"], rollout["reward"]) == ("succeeded", 0.75)
-    assert rollout["message"] == dispatcher.VANISHED_WITH_REWARD
+    assert rollout["message"] == vanished_launches.VANISHED_WITH_REWARD

@@ -11,10 +11,12 @@ import pytest
 
 from asyncrl.operator import handlers
 
+CLAIM_RETRY_SECONDS = 15  # a delay the failing supervisor asks for
+
 
 def test_a_temporary_error_that_names_its_delay_is_retried_after_that_delay() -> None:
-    claim_wait = kopf.TemporaryError("waiting for the claim", delay=handlers.CLAIM_RETRY_SECONDS)
-    assert handlers.restart_delay(claim_wait, 37.0) == handlers.CLAIM_RETRY_SECONDS
+    claim_wait = kopf.TemporaryError("waiting for the claim", delay=CLAIM_RETRY_SECONDS)
+    assert handlers.restart_delay(claim_wait, 37.0) == CLAIM_RETRY_SECONDS
 
 
 def test_other_failures_take_the_restart_backoff() -> None:
@@ -32,7 +34,7 @@ def test_the_supervisor_waits_what_the_controller_asked_then_starts_it_again(
     async def controller(body: dict[str, Any], runtime: Any) -> None:
         calls.append(body)
         if len(calls) == 1:
-            raise kopf.TemporaryError("waiting for the claim", delay=handlers.CLAIM_RETRY_SECONDS)
+            raise kopf.TemporaryError("waiting for the claim", delay=CLAIM_RETRY_SECONDS)
 
     async def read_run(namespace: str, name: str) -> dict[str, Any]:
         return {"metadata": {"namespace": namespace, "name": name, "generation": 2}}
@@ -45,7 +47,7 @@ def test_the_supervisor_waits_what_the_controller_asked_then_starts_it_again(
     runtime: Any = SimpleNamespace(kube=SimpleNamespace(read_run=read_run))
     body = {"metadata": {"namespace": "ns", "name": "run-a", "generation": 1}}
     asyncio.run(handlers._supervise(runtime, body))
-    assert waits == [handlers.CLAIM_RETRY_SECONDS]
+    assert waits == [CLAIM_RETRY_SECONDS]
     assert len(calls) == 2
     assert calls[1]["metadata"]["generation"] == 2  # started again from the run as it is now
 

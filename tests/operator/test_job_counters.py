@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncrl.gateway_api.models import LaunchTotals
-from asyncrl.operator.reconciliation.job_counters import JobCounterOffset, JobCountsSeen
+from asyncrl.operator.run_link.job_counters import JobCounterOffset, JobCountsSeen
 
 
 def _totals(launched: int, failed: int = 0) -> LaunchTotals:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator.dispatcher.controller import VANISHED_WITHOUT_REWARD
+from asyncrl.operator.dispatcher.vanished_launches import VANISHED_WITHOUT_REWARD
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
 from asyncrl.workloads import names

@@ -7,12 +7,15 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kubernetes.client.exceptions import ApiException
 
 from asyncrl.api import AsyncTrainingRunStatus, Phase
-from asyncrl.operator.reconciliation.reconcile import Actions, Child, Observed, reconcile
-from asyncrl.operator.reconciliation.status import RunObservation
+from asyncrl.operator.reconciliation import children_io
+from asyncrl.operator.reconciliation.reconcile import Actions, Child, Observed, Refusal, reconcile
+from asyncrl.operator.reconciliation.status import RunObservation, TrainerCreation
 from asyncrl.workloads.trainer_state import TrainerEnd, TrainerObservation
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
@@ -175,6 +178,35 @@ def test_a_child_whose_recreation_was_said_is_tried_again_without_saying_it_agai
     assert "ConfigMap" in recreated[0]
 
 
+@pytest.mark.parametrize(
+    ("multi_node", "named"), [(False, "the run's trainer Job"), (True, "the run's RayCluster")]
+)
+def test_a_recreated_trainer_is_named_as_the_object_it_is(multi_node: bool, named: str) -> None:
+    observed = Observed(
+        status=AsyncTrainingRunStatus(),
+        run=replace(RUNNING, trainer=None),
+        missing=frozenset({Child.TRAINER}),
+        agents_stopped=False,
+        multi_node=multi_node,
+    )
+    recreated = [e.message for e in reconcile(observed, now=NOW).events if e.reason == "ChildRecreated"]
+    assert recreated == [f"{named} was missing (deleted?): recreating it"]
+
+
+def test_a_refused_trainer_is_named_as_the_object_it_is() -> None:
+    quota = ApiException(status=403, reason="Forbidden")
+    job = children_io.refusal(Child.TRAINER, quota, started=False, multi_node=False)
+    assert (job.reason, job.message.split(":")[0]) == (
+        "ChildCreateFailed",
+        "could not create the run's trainer Job",
+    )
+    cluster = children_io.refusal(Child.TRAINER, quota, started=True, multi_node=True)
+    assert (cluster.reason, cluster.message.split(":")[0]) == (
+        "ChildRecreateFailed",
+        "could not recreate the run's RayCluster",
+    )
+
+
 def test_nothing_is_recreated_after_the_run_ended() -> None:
     succeeded = _act(replace(RUNNING, trainer=SUCCEEDED), set()).status
     assert _act(RUNNING, {Child.TRAINER, Child.SERVICE}, status=succeeded).create == ()
@@ -195,3 +227,59 @@ def test_suspend_follows_the_spec_and_resumes_only_what_the_run_suspended() -> N
     assert _act(replace(RUNNING, trainer=ours), set()).trainer_suspend is False
     kueue = TrainerObservation(suspended=True, suspended_by_run=False)
     assert _act(replace(RUNNING, trainer=kueue), set()).trainer_suspend is None
+
+
+def _refused(refusal: Refusal, *, said: bool = False, trainer: TrainerObservation | None = None) -> Actions:
+    observed = Observed(
+        status=AsyncTrainingRunStatus(),
+        run=replace(STARTING, trainer=trainer),
+        missing=frozenset({Child.TRAINER}),
+        agents_stopped=False,
+        announced=frozenset({Child.TRAINER}) if said else frozenset(),
+        first_creation=frozenset({Child.TRAINER}),
+        refused={Child.TRAINER: refusal},
+    )
+    return reconcile(observed, now=NOW)
+
+
+def test_a_child_refused_for_good_fails_the_run_naming_the_servers_reason_once() -> None:
+    refusal = Refusal("TrainerJobRejected", "the API server refused the trainer Job: Invalid (422): x", True)
+    actions = _refused(refusal)
+    assert actions.status.phase is Phase.FAILED
+    assert actions.status.message == refusal.message
+    assert actions.create == ()  # nothing more is tried
+    assert [(e.reason, e.warning) for e in actions.events] == [
+        ("TrainerJobRejected", True),
+        ("PhaseFailed", True),
+    ]
+
+
+def test_a_child_refused_for_now_leaves_the_run_pending_saying_why_and_is_tried_again() -> None:
+    refusal = Refusal(
+        "ChildCreateFailed", "could not create the run's trainer Job: exceeded quota; retrying", False
+    )
+    first = _refused(refusal)
+    assert first.status.phase is Phase.PENDING
+    assert first.status.message == refusal.message
+    assert first.create == (Child.TRAINER,)
+    assert [e.reason for e in first.events] == ["ChildCreateFailed", "PhasePending"]  # no ChildRecreated
+    again = _refused(refusal, said=True)
+    assert again.create == (Child.TRAINER,)
+    assert [e.reason for e in again.events if e.reason != "PhasePending"] == []  # said once
+
+
+def test_the_trainers_creation_report_sets_pod_template_applied_with_a_warning_per_problem() -> None:
+    observed = Observed(
+        status=AsyncTrainingRunStatus(),
+        run=STARTING,
+        missing=frozenset(),
+        agents_stopped=False,
+        trainer_created=TrainerCreation(
+            refused="spec.trainer.podTemplate: kept the operator's command", warnings=[]
+        ),
+    )
+    actions = reconcile(observed, now=NOW)
+    assert _conditions(actions.status)["PodTemplateApplied"] == ("False", "FieldsRefused")
+    assert ("PodTemplateFieldsRefused", True) in [(e.reason, e.warning) for e in actions.events]
+    clean = reconcile(replace(observed, trainer_created=TrainerCreation(refused=None, warnings=[])), now=NOW)
+    assert _conditions(clean.status)["PodTemplateApplied"] == ("True", "Applied")

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from asyncrl.launch.podspec import Image, ImageTable
+from asyncrl.operator.reconciliation.reconciler import REQUEUE_SECONDS
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import WaitTimeout, wait_for
 from asyncrl.workloads import names
@@ -31,6 +33,7 @@ from tests.support.kube import (
     run_object,
     run_status,
     status_condition,
+    trainer_job,
     wait_for_phase,
 )
 
@@ -121,11 +124,16 @@ def test_the_trainer_job_service_secret_and_config_map_deleted_mid_run_are_recre
 
         wait_for(recreated, timeout=120, what=f"{', '.join(kinds)} recreated (new uids)")
     assert _secret_key(api_client, namespace, "heal") == key  # the gateway key the run already uses
-    warned = events(kubectl, namespace, reason="ChildRecreated")
+
+    def warned_of_each() -> list[dict[str, Any]] | None:
+        """The ChildRecreated events, once one names each child (posted after the round's creations)."""
+        warned = events(kubectl, namespace, reason="ChildRecreated")
+        notes = " ".join(event["note"] for event in warned)
+        named = all(word in notes for word in ("Secret", "ConfigMap", "Service", "trainer Job"))
+        return warned if named else None
+
+    warned = wait_for(warned_of_each, timeout=30, what="a ChildRecreated event naming each recreated child")
     assert {event["type"] for event in warned} == {"Warning"}
-    notes = " ".join(event["note"] for event in warned)
-    for word in ("Secret", "ConfigMap", "Service", "Trainer"):
-        assert word in notes, notes
     # The recreated trainer pod starts (its ConfigMap and Secret are there) and the run trains to the end.
     try:
         status = wait_for_phase(
@@ -275,3 +283,63 @@ def test_a_child_that_cannot_be_recreated_is_said_once_not_every_requeue(
         what="the Service recreated once the quota is gone",
     )
     assert run_status(api_client, namespace, "quota")["phase"] in ("Running", "Starting")
+
+
+def test_a_trainer_job_refused_for_now_at_the_start_is_handled_as_on_a_recreation(
+    api_client: Any,
+    namespace: str,
+    kubectl: list[str],
+    start_operator: OperatorStarter,
+) -> None:
+    """One policy for a refused child, at the start as mid-run (issue 38): a quota of 0 Jobs refuses the first
+    trainer Job (403), which a cluster admin can lift without a new run. The run waits, Pending with the API
+    server's reason, one Warning event, tried again at every requeue; it used to fail for good at the start
+    while the same refusal on a recreation was retried. Once the quota goes, the trainer Job is created."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-jobs", "namespace": namespace},
+        "spec": {"hard": {"count/jobs.batch": "0"}},
+    }
+    created = kubectl_run(kubectl, "apply", "-f", "-", stdin=json.dumps(quota))
+    assert created.returncode == 0, created.stderr
+    wait_for(  # the quota controller fills in its usage before the admission enforces it
+        lambda: kubectl_run(kubectl, "get", "-n", namespace, "resourcequota", "no-jobs", "-o", "json").stdout,
+        timeout=30,
+        what="the quota",
+    )
+    operator = start_operator()
+    apply_ok(kubectl, namespace, run_manifest("refused"))
+    attempt = "could not create the run's trainer Job"
+    wait_for(
+        lambda: operator.log().count(attempt) >= 3 or None,
+        timeout=120,
+        what="three refused attempts to create the trainer Job in the operator's log",
+    )
+    # Tried again at the requeue, not at every round: three attempts are at least two requeues apart (the
+    # log's timestamps; a busy machine only spreads them further). At every round it was one a second.
+    stamps = [
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        for line in operator.log().splitlines()
+        if attempt in line
+    ]
+    spread = (stamps[2] - stamps[0]).total_seconds()
+    assert spread >= 2 * REQUEUE_SECONDS * 0.9, f"3 attempts in {spread:.1f} s"
+    status = run_status(api_client, namespace, "refused")
+    assert status["phase"] == "Pending", status
+    assert status["message"].startswith(attempt), status["message"]
+    assert "quota" in status["message"], status["message"]
+    failed = events(kubectl, namespace, reason="ChildCreateFailed")
+    assert len(failed) == 1, [event["note"] for event in failed]
+    assert failed[0]["type"] == "Warning"
+    assert not events(kubectl, namespace, reason="TrainerJobRejected")
+    assert not events(kubectl, namespace, reason="ChildRecreated")  # the start is no recreation
+
+    removed = kubectl_run(kubectl, "delete", "-n", namespace, "resourcequota", "no-jobs")
+    assert removed.returncode == 0, removed.stderr
+    wait_for(
+        lambda: trainer_job(api_client, namespace, "refused"),
+        timeout=120,
+        what="the trainer Job created once the quota is gone",
+    )
+    assert run_status(api_client, namespace, "refused")["phase"] != "Failed"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.operator.dispatcher.controller import REFUSALS_BEFORE_FAILING
+from asyncrl.operator.dispatcher.launching import REFUSALS_BEFORE_FAILING
 from asyncrl.testing.podrunner import PodRunner
 from asyncrl.testing.waiting import wait_for
 from tests.operator.conftest import OperatorStarter

@@ -108,3 +108,10 @@ one (tests/charts checks that they stay identical).
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
 {{- end }}
+
+{{/* The leader election's Lease: the rules of operator/rbac/leader-election.yaml (tests/charts compares). */}}
+{{- define "asyncrl-operator.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
+{{- end }}

@@ -1,7 +1,8 @@
-"""kopf wiring: one supervised task per run (children, then the run's controller), spec updates, and per
-namespace one label-selected watch each of Jobs, Services and ConfigMaps (`WATCHED_KINDS`), feeding the runs
-and the children index. Everything substantial lives in `children`, `controller` and `status`; this module
-only connects them to kopf's lifecycle.
+"""kopf wiring: one task per run, restarted with backoff after a failure, that runs the run's supervisor
+(`run_supervisor.py`: its reconcile and its dispatcher); spec updates handed to it; and per namespace one
+label-selected watch each of Jobs, Services and ConfigMaps (`WATCHED_KINDS`), feeding the runs and the
+children index. Everything substantial lives in `run_supervisor`, `reconciliation` and `dispatcher`; this
+module only connects them to kopf's lifecycle.
 
 The per-run tasks are started and stopped from a watch-event handler, not a `kopf.daemon`: kopf puts a
 finalizer on every object that has a daemon, so a run deleted while the operator is down would hang in
@@ -20,28 +21,26 @@ import itertools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 import stamina
 
 from asyncrl.agent_templates.renderer import RenderSettings, TemplateRenderer
-from asyncrl.api import AsyncTrainingRunSpec, AsyncTrainingRunStatus, InvalidRunError, load_run
+from asyncrl.api import InvalidRunError
 from asyncrl.api.types.meta import GROUP, PLURAL, VERSION
-from asyncrl.api.types.status import Condition, ConditionStatus, Phase, with_condition
+from asyncrl.operator import elector
 from asyncrl.operator.diffbase import RunDiffBaseStorage
 from asyncrl.operator.dispatcher.agent_pods import DEFAULT_START_TIMEOUT_SECONDS
-from asyncrl.operator.dispatcher.controller import RunController
 from asyncrl.operator.health import HealthServer, Readiness, review_forever
 from asyncrl.operator.kube import JSON, Kube, LabelWatch, count_requests
+from asyncrl.operator.leadership import LeaderElectionConfig
 from asyncrl.operator.metrics import OperatorMetrics
-from asyncrl.operator.reconciliation import children_io, ray_child
 from asyncrl.operator.reconciliation.child_index import ChildIndex
-from asyncrl.operator.reconciliation.children_io import TrainerJobCreation, TrainerJobRejected
-from asyncrl.operator.reconciliation.run_context import RunContext
+from asyncrl.operator.reconciliation.reconciler import read_template
 from asyncrl.operator.retry import Backoff, one_line_reason
-from asyncrl.workloads import children, names
+from asyncrl.operator.run_supervisor import RunSupervisor, invalid_reasons, parse_run, supervise_run
+from asyncrl.workloads import names
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +55,7 @@ class OperatorConfig:
     render: RenderSettings = field(default_factory=RenderSettings)  # agent templates: pod policy and limits
     agent_start_timeout_seconds: float = DEFAULT_START_TIMEOUT_SECONDS  # dispatcher/agent_pods.py
     health_port: int = 0  # /healthz and /readyz (operator/health.py); 0: not served
+    leader_election: LeaderElectionConfig | None = None  # None: act at once (operator/elector.py)
 
 
 @dataclass
@@ -64,7 +64,7 @@ class Runtime:
     kube: Kube
     metrics: OperatorMetrics
     renderer: TemplateRenderer
-    controllers: dict[tuple[str, str], RunController] = field(default_factory=dict)
+    supervisors: dict[tuple[str, str], RunSupervisor] = field(default_factory=dict)
     watches: list[LabelWatch] = field(default_factory=list)
     runs: dict[tuple[str, str], _RunTask] = field(default_factory=dict)
     index: ChildIndex = field(default_factory=ChildIndex)
@@ -94,13 +94,13 @@ class Runtime:
     def deliver(self, kind: str, event_type: str, item: JSON) -> None:
         self.index.apply(kind, event_type, item)
         labels = item["metadata"].get("labels") or {}
-        controller = self.controllers.get((item["metadata"]["namespace"], labels.get(names.LABEL_RUN) or ""))
-        if controller is None:
+        supervisor = self.supervisors.get((item["metadata"]["namespace"], labels.get(names.LABEL_RUN) or ""))
+        if supervisor is None:
             return
         if kind == "Job":
-            controller.on_job_event(event_type, item)
+            supervisor.on_job_event(event_type, item)
         elif event_type == "DELETED":
-            controller.reconciler.child_deleted()  # recreated now, not at a requeue
+            supervisor.reconciler.child_deleted()  # recreated now, not at a requeue
 
 
 @dataclass
@@ -113,7 +113,6 @@ class _RunTask:
 # reconcile checks at every round (its index, not a GET). Secrets are not: the operator may not list them
 # (docs/install.md), so the reconcile reads the key Secret by name, less often (reconciler.py).
 WATCHED_KINDS = ("Job", "Service", "ConfigMap")
-CLAIM_RETRY_SECONDS = 15  # how soon a run waiting for its checkpoint claim looks again
 RESTART_BACKOFF = Backoff(first_seconds=10.0, max_seconds=60.0, jitter_seconds=2.0)
 
 
@@ -185,9 +184,17 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         runtime.health = HealthServer(config.health_port, runtime.readiness)
         await runtime.health.start()
     runtime.permissions_review = asyncio.create_task(
-        review_forever(config.api_client, config.namespaces or [""], runtime.readiness, metrics),
+        review_forever(
+            config.api_client,
+            config.namespaces or [""],
+            runtime.readiness,
+            metrics,
+            also=elector.required_permissions(config.leader_election),
+        ),
         name="permissions-review",
     )
+    # kopf starts its watches only once this handler returns: a standby waits here, doing nothing else.
+    memo.elector = await elector.lead(config.leader_election, config.api_client, runtime.readiness, metrics)
     scopes: list[str | None] = list(config.namespaces) or [None]
     for namespace in scopes:
         for kind in WATCHED_KINDS:
@@ -206,6 +213,7 @@ async def _cleanup(memo: Any, **_: Any) -> None:
     for key in list(runtime.runs):
         await _stop_run(runtime, key)
     await runtime.renderer.close()
+    await elector.release(memo.get("elector"))  # last: no run writes any more
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -237,7 +245,7 @@ async def _stop_run(runtime: Runtime, key: tuple[str, str]) -> None:
 
 
 async def _supervise(runtime: Runtime, body: JSON) -> None:
-    """Run the run's controller; after a failure, start it again with backoff (as kopf retried the daemon).
+    """Run the run's supervisor; after a failure, start it again with backoff (as kopf retried the daemon).
 
     stamina waits: the delay a `kopf.TemporaryError` names, else the restart backoff's next delay."""
     name = body["metadata"]["name"]
@@ -269,64 +277,11 @@ async def _supervise(runtime: Runtime, body: JSON) -> None:
 
 
 def restart_delay(error: BaseException, backoff_seconds: float) -> float:
-    """How long to wait before starting a run's controller again: the delay a TemporaryError names (e.g. a run
-    waiting for its checkpoint claim looks again in CLAIM_RETRY_SECONDS), else the backoff's next delay."""
+    """How long to wait before starting a run's supervisor again: the delay a TemporaryError names, else the
+    backoff's next delay."""
     if isinstance(error, kopf.TemporaryError) and error.delay is not None:
         return float(error.delay)
     return backoff_seconds
-
-
-def _parse(body: Mapping[str, Any]) -> tuple[JSON, AsyncTrainingRunSpec]:
-    run: JSON = {
-        "apiVersion": body["apiVersion"],
-        "kind": body["kind"],
-        "metadata": dict(body["metadata"]),
-        "spec": dict(body["spec"]),
-        "status": dict(body.get("status") or {}),
-    }
-    parsed = load_run({key: run[key] for key in ("apiVersion", "kind", "metadata", "spec")})
-    return run, parsed.spec
-
-
-async def _fail_run(kube: Kube, run: JSON, *, reason: str, message: str) -> None:
-    """A run that can never start: phase Failed with the reason, one Warning event, no children."""
-    logger.error("run %s failed: %s", run["metadata"]["name"], message)
-    await kube.post_event(run, reason=reason, message=message, warning=True)
-    await kube.patch_run_status(
-        run["metadata"]["namespace"],
-        run["metadata"]["name"],
-        {"phase": Phase.FAILED.value, "message": message},
-    )
-
-
-async def _set_waiting_status(kube: Kube, run: JSON, message: str) -> None:
-    """Say in the status what the run waits for (a missing Secret or ConfigMap the user can still create)."""
-    status = run.get("status") or {}
-    if status.get("message") == message and status.get("phase") == Phase.PENDING.value:
-        return
-    with contextlib.suppress(Exception):  # best effort: the event already says it
-        await kube.patch_run_status(
-            run["metadata"]["namespace"],
-            run["metadata"]["name"],
-            {"phase": Phase.PENDING.value, "message": message},
-        )
-
-
-async def _fail_invalid_run(kube: Kube, body: Mapping[str, Any], error: InvalidRunError) -> None:
-    metadata = body["metadata"]
-    message = _reasons(error)
-    logger.error("run %s is invalid: %s", metadata["name"], message)
-    await kube.post_event(_reference(body), reason="InvalidSpec", message=message, warning=True)
-    if (body.get("status") or {}).get("phase") != Phase.FAILED.value:
-        await kube.patch_run_status(
-            metadata["namespace"],
-            metadata["name"],
-            {"phase": Phase.FAILED.value, "message": f"invalid spec: {message}"},
-        )
-
-
-def _reasons(error: InvalidRunError) -> str:
-    return "; ".join(str(field_error) for field_error in error.errors)
 
 
 def _reference(body: Mapping[str, Any]) -> JSON:
@@ -334,131 +289,28 @@ def _reference(body: Mapping[str, Any]) -> JSON:
     return {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": dict(body["metadata"])}
 
 
-async def _template_source(kube: Kube, namespace: str, spec: AsyncTrainingRunSpec) -> str:
-    template = spec.agents.template
-    if template.inline is not None:
-        return template.inline
-    assert template.config_map_ref is not None
-    return await kube.read_config_map_key(
-        namespace, template.config_map_ref.name, template.config_map_ref.key
-    )
-
-
-POD_TEMPLATE_CONDITION = "PodTemplateApplied"
-
-
-async def _report_trainer_job_creation(kube: Kube, run: JSON, creation: TrainerJobCreation) -> None:
-    """A Warning event per problem and the PodTemplateApplied condition, once, when the Job is created.
-
-    The condition goes into `run["status"]` too, so that the controller, which rewrites the conditions from
-    the status it starts with, keeps it.
-    """
-    status = AsyncTrainingRunStatus.model_validate(run.get("status") or {})
-    stored = next((c for c in status.conditions if c.type == POD_TEMPLATE_CONDITION), None)
-    if not creation.created and stored is not None:
-        return  # reported when the Job was created (the API server's warnings come only then)
-    problems: list[tuple[str, str]] = []
-    if creation.refused is not None:
-        problems.append(("FieldsRefused", creation.refused))
-    if creation.warnings:
-        warned = " | ".join(creation.warnings)
-        problems.append(
-            (
-                "ApiServerWarning",
-                f"the API server warned about the trainer Job: {warned} (a pod the namespace's Pod Security "
-                "forbids is never created: see `kubectl describe job` for FailedCreate)",
-            )
-        )
-    for reason, message in problems:
-        await kube.post_event(run, reason=f"PodTemplate{reason}", message=message, warning=True)
-    condition = Condition(
-        type=POD_TEMPLATE_CONDITION,
-        status=ConditionStatus.FALSE if problems else ConditionStatus.TRUE,
-        reason=problems[0][0] if problems else "Applied",
-        message="; ".join(message for _, message in problems),
-        last_transition_time=datetime.now(UTC),
-        observed_generation=int(run["metadata"].get("generation") or 0),
-    )
-    conditions = [c.to_wire() for c in with_condition(status.conditions, condition)]
-    run.setdefault("status", {})["conditions"] = conditions
-    with contextlib.suppress(Exception):  # best effort: the events already say it
-        await kube.patch_run_status(
-            run["metadata"]["namespace"], run["metadata"]["name"], {"conditions": conditions}
-        )
-
-
 async def run_controller(body: Mapping[str, Any], runtime: Runtime) -> None:
-    """Reconcile the run's children, then run its controller until cancelled."""
-    try:
-        run, spec = _parse(body)
-    except InvalidRunError as error:
-        # The API server admitted it, so a rule only this operator checks (the keys spec.trainer.verlOverrides
-        # must leave to the run), or an operator/CRD version skew: fail the run and say why, create nothing.
-        runtime.metrics.errors.labels("invalid_run").inc()
-        await _fail_invalid_run(runtime.kube, body, error)
-        return
-    namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
-    kube = runtime.kube
-    if (run.get("status") or {}).get("phase") == Phase.FAILED.value:
-        return  # a failed run stays failed; its children are kept for inspection until it is deleted
-    try:
-        template = await _template_source(kube, namespace, spec)
-        config_map = children.config_map(run, template if spec.agents.template.inline is not None else None)
-        size_error = children.config_map_size_error(config_map)
-        if size_error is not None:
-            await _fail_run(kube, run, reason="InvalidSpec", message=size_error)
-            return
-        creation = await children_io.create_children(kube, run, spec, template)
-        secret_name, secret_key = children.gateway_key_ref(run, spec)
-        gateway_key = await kube.read_secret_key(namespace, secret_name, secret_key)
-    except TrainerJobRejected as error:
-        runtime.metrics.reconciles.labels("error").inc()
-        await _fail_run(kube, run, reason="TrainerJobRejected", message=str(error))
-        return
-    except ray_child.RayClusterRejected as error:
-        runtime.metrics.reconciles.labels("error").inc()
-        await _fail_run(kube, run, reason="RayClusterRejected", message=str(error))
-        return
-    except ray_child.ClaimMissing as error:  # the user may create it after the run: say so, and look again
-        runtime.metrics.reconciles.labels("error").inc()
-        await kube.post_event(run, reason="WaitingForClaim", message=str(error), warning=True)
-        await _set_waiting_status(kube, run, str(error))
-        raise kopf.TemporaryError(str(error), delay=CLAIM_RETRY_SECONDS) from error
-    except Exception as error:
-        runtime.metrics.reconciles.labels("error").inc()
-        message = f"{one_line_reason(error)}; retrying"
-        await kube.post_event(run, reason="ReconcileError", message=message, warning=True)
-        await _set_waiting_status(kube, run, message)
-        # No delay of its own (kopf's default is 60 s): the restart backoff (10 s, growing to 60 s) applies.
-        raise kopf.TemporaryError(f"reconciling children failed: {message}", delay=None) from error
-    runtime.metrics.reconciles.labels("ok").inc()
-    await _report_trainer_job_creation(kube, run, creation)
-    if runtime.config.gateway_address == "localhost":
-        gateway_url = f"http://127.0.0.1:{spec.gateway.port}"
-    else:
-        gateway_url = children.gateway_service_url(run, spec)
-    context = RunContext(
-        run=run,
-        spec=spec,
-        gateway_url=gateway_url,
-        agent_gateway_url=spec.gateway.agent_url or gateway_url,
-        gateway_key=gateway_key,
-        template_source=template,
+    """Serve the run (its supervisor: the reconcile, then the dispatcher) until cancelled."""
+    key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
+    mine: list[RunSupervisor] = []
+
+    def register(supervisor: RunSupervisor | None) -> None:
+        if supervisor is not None:
+            mine.append(supervisor)
+            runtime.supervisors[key] = supervisor
+        elif mine and runtime.supervisors.get(key) is mine[0]:
+            del runtime.supervisors[key]
+
+    await supervise_run(
+        body,
+        kube=runtime.kube,
+        metrics=runtime.metrics,
+        renderer=runtime.renderer,
+        index=runtime.index,
+        gateway_address=runtime.config.gateway_address,
         agent_start_timeout_seconds=runtime.config.agent_start_timeout_seconds,
+        register=register,
     )
-    controller = RunController(
-        context, kube=kube, metrics=runtime.metrics, renderer=runtime.renderer, index=runtime.index
-    )
-    runtime.controllers[(namespace, name)] = controller
-    # The Job watch only delivers changes; replay the current Jobs of this run so nothing is missed.
-    for job in await kube.list_agent_jobs(namespace, name):
-        controller.on_job_event("SYNC", job)
-    # The trainer (Job or RayCluster) is read by the reconcile itself, at its first round and each requeue.
-    try:
-        await controller.run()
-    finally:
-        if runtime.controllers.get((namespace, name)) is controller:
-            del runtime.controllers[(namespace, name)]
 
 
 def _field_path(path: tuple[str, ...]) -> str:
@@ -472,23 +324,23 @@ async def spec_updated(body: kopf.Body, memo: Any, diff: Any, **_: Any) -> None:
     mid-run are listed, with their effect, in docs/crd-reference.md (the others are refused at admission)."""
     runtime = _runtime(memo)
     try:
-        run, spec = _parse(body)
+        run, spec = parse_run(body)
     except InvalidRunError as error:  # the run goes on with the spec it had
-        message = f"spec change ignored: {_reasons(error)}"
+        message = f"spec change ignored: {invalid_reasons(error)}"
         logger.error("run %s: %s", body["metadata"]["name"], message)
         await runtime.kube.post_event(_reference(body), reason="InvalidSpec", message=message, warning=True)
         return
     namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
-    controller = runtime.controllers.get((namespace, name))
-    if controller is None:
+    supervisor = runtime.supervisors.get((namespace, name))
+    if supervisor is None:
         return  # the run's task starts (again) from the spec as it is now
     try:
-        template = await _template_source(runtime.kube, namespace, spec)
+        template = await read_template(runtime.kube, namespace, spec)
     except Exception as error:  # a ConfigMap named by the new spec may not exist yet
         message = f"spec change not applied: the agent template cannot be read: {one_line_reason(error)}"
         await runtime.kube.post_event(run, reason="SpecChangeFailed", message=message, warning=True)
         return
-    controller.update_spec(run, spec, template)
+    supervisor.update_spec(run, spec, template)
     changed = sorted({_field_path(change[1]) for change in diff or ()})
     await runtime.kube.post_event(
         run,

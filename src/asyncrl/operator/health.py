@@ -1,6 +1,11 @@
 """The operator's probes on `--health-port`: `/healthz` (liveness: the event loop answers) and `/readyz`
 (readiness: 200 once the permissions review found nothing missing, else 503 with the reason as JSON).
 
+With leader election (`--leader-elect`), `/readyz` also says `"leading"`, but a standby that may do the
+work is ready too: its readiness means "can take over", so `helm install --wait` and a rolling update (whose
+new pods stand by while the old leader holds the Lease) go on; the metric `asyncrl_operator_leader` and the
+Lease say which replica leads.
+
 Served in kopf's event loop, as kopf's own liveness endpoint was, so an answer also means that loop is alive.
 """
 
@@ -24,10 +29,12 @@ class Readiness:
     """What `/readyz` says: not ready until the first review, then ready when nothing is missing."""
 
     missing: list[Missing] | None = None
+    leading: bool | None = None  # None: no leader election (the only replica acts)
 
     def answer(self) -> tuple[int, dict[str, object]]:
+        election: dict[str, object] = {} if self.leading is None else {"leading": self.leading}
         if self.missing is None:
-            return 503, {"ready": False, "reason": "starting: permissions not reviewed yet"}
+            return 503, {"ready": False, "reason": "starting: permissions not reviewed yet", **election}
         if self.missing:
             return 503, {
                 "ready": False,
@@ -36,8 +43,9 @@ class Readiness:
                     {"namespace": entry.namespace, "permission": str(entry.permission)}
                     for entry in self.missing
                 ],
+                **election,
             }
-        return 200, {"ready": True}
+        return 200, {"ready": True, **election}
 
 
 @dataclass
@@ -73,11 +81,13 @@ async def review_forever(
     metrics: OperatorMetrics,
     *,
     interval_seconds: float = REVIEW_SECONDS,
+    also: Sequence[Missing] = (),
 ) -> None:
-    """Review the permissions every `interval_seconds`; log a change once, keep metrics and readiness."""
+    """Review the permissions every `interval_seconds`; log a change once, keep metrics and readiness.
+    `also`: more permissions to check, each in its namespace (the leader election's Lease)."""
     while True:
         try:
-            missing = await review(api_client, namespaces)
+            missing = await review(api_client, namespaces, also=also)
         except Exception as error:  # the API server unreachable: keep the last answer, say why, try again
             logger.warning("could not review the operator's permissions: %s", error)
         else:

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+from collections.abc import Mapping, Sequence
 
+import pydantic
 import stamina.instrumentation
 
 from asyncrl.agent_templates.pod_policy import AgentPodPolicy
 from asyncrl.agent_templates.renderer import RenderSettings
 from asyncrl.operator.dispatcher.agent_pods import DEFAULT_START_TIMEOUT_SECONDS
+from asyncrl.operator.elector import default_identity
+from asyncrl.operator.leadership import (
+    DEFAULT_LEASE_NAME,
+    LEASE_SECONDS,
+    RENEW_DEADLINE_SECONDS,
+    RETRY_SECONDS,
+    LeaderElectionConfig,
+)
 from asyncrl.operator.metrics import OperatorMetrics
 
 
@@ -38,6 +49,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="coordinate replicas through kopf peering (needs kopf's peering CRD); default: standalone",
+    )
+    election = parser.add_argument_group('leader election (docs/install.md, "Replicas and leader election")')
+    election.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="act only while holding a coordination.k8s.io Lease, so that several replicas fail over "
+        "(the chart sets it); off: act at once, alone",
+    )
+    election.add_argument(
+        "--leader-election-lease",
+        default=DEFAULT_LEASE_NAME,
+        metavar="NAME",
+        help="the Lease's name (default: %(default)s)",
+    )
+    for flag, default, meaning in (
+        ("lease", LEASE_SECONDS, "a standby takes over a Lease left unrenewed this long"),
+        ("renew-deadline", RENEW_DEADLINE_SECONDS, "the leader exits when it could not renew for this long"),
+        ("retry", RETRY_SECONDS, "the leader renews, and a standby looks, this often"),
+    ):
+        election.add_argument(
+            f"--leader-election-{flag}-seconds",
+            type=_positive_float,
+            default=default,
+            metavar="SECONDS",
+            help=f"{meaning} (default: %(default)s; retry < renew deadline < lease)",
+        )
+    election.add_argument(
+        "--leader-election-namespace",
+        default=None,
+        metavar="NS",
+        help="the Lease's namespace (default: env POD_NAMESPACE, else the single --namespace)",
     )
     parser.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or ~/.kube/config)"
@@ -97,6 +139,40 @@ def render_settings(args: argparse.Namespace) -> RenderSettings:
     )
 
 
+def election_namespace(flag: str | None, environ: Mapping[str, str], namespaces: Sequence[str]) -> str:
+    """Where the Lease lives: the flag, else env POD_NAMESPACE (the pod's own namespace), else the one watched
+    namespace. ValueError naming the flag when none of them decides it."""
+    if flag:
+        return flag
+    if environ.get("POD_NAMESPACE"):
+        return environ["POD_NAMESPACE"]
+    if len(namespaces) == 1:
+        return namespaces[0]
+    raise ValueError(
+        "--leader-elect needs the Lease's namespace: give --leader-election-namespace NS (or set env "
+        "POD_NAMESPACE); it cannot be decided with --all-namespaces or several --namespace"
+    )
+
+
+def leader_election(args: argparse.Namespace, environ: Mapping[str, str]) -> LeaderElectionConfig | None:
+    """The election's settings from the flags (None without `--leader-elect`); ValueError saying what is
+    wrong with them."""
+    if not args.leader_elect:
+        return None
+    try:
+        return LeaderElectionConfig(
+            lease_name=args.leader_election_lease,
+            namespace=election_namespace(args.leader_election_namespace, environ, args.namespace),
+            identity=default_identity(dict(environ)),
+            lease_seconds=args.leader_election_lease_seconds,
+            renew_deadline_seconds=args.leader_election_renew_deadline_seconds,
+            retry_seconds=args.leader_election_retry_seconds,
+        )
+    except pydantic.ValidationError as error:
+        reasons = "; ".join(str(item["msg"]) for item in error.errors())
+        raise ValueError(f"--leader-election-*-seconds: {reasons}") from error
+
+
 def _api_client(kubeconfig: str | None) -> object:
     from kubernetes import client, config
 
@@ -121,11 +197,13 @@ def run(args: argparse.Namespace) -> int:
     # context per retry and a Prometheus counter labelled by attempt number (unbounded for endless retries).
     stamina.instrumentation.set_on_retry_hooks(())
     if args.kubeconfig:
-        import os
-
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     if not args.namespace and not args.all_namespaces:
         raise SystemExit("asyncrl operator: give --namespace NS (repeatable) or --all-namespaces")
+    try:
+        election = leader_election(args, os.environ)
+    except ValueError as error:
+        raise SystemExit(f"asyncrl operator: {error}") from error
     logging.getLogger(__name__).info("agent pod policy: %s", args.agent_pod_policy)
     metrics = OperatorMetrics()
     if args.metrics_port:
@@ -137,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         render=render_settings(args),
         agent_start_timeout_seconds=args.agent_start_timeout_seconds,
         health_port=args.health_port,
+        leader_election=election,
     )
     kopf.run(
         clusterwide=bool(args.all_namespaces),

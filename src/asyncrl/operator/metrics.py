@@ -55,6 +55,11 @@ class OperatorMetrics:
             ["verb", "resource"],
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "asyncrl_operator_leader",
+            "1 while this replica leads (holds the election's Lease, or runs without election), else 0.",
+            registry=self.registry,
+        )
         self.status_writes = Counter(
             "asyncrl_operator_status_writes", "Status patches.", registry=self.registry
         )

@@ -58,14 +58,13 @@ class Missing:
 
 
 def missing_permissions(
-    namespaces: Sequence[str], allowed: Callable[[str, Permission], bool]
+    namespaces: Sequence[str], allowed: Callable[[str, Permission], bool], also: Sequence[Missing] = ()
 ) -> list[Missing]:
-    """Every required permission `allowed(namespace, permission)` denies, in each watched namespace."""
+    """Every required permission `allowed(namespace, permission)` denies, in each watched namespace, and
+    those of `also` (permissions needed in one namespace each, e.g. the leader election's Lease)."""
+    required = [Missing(namespace, permission) for namespace in namespaces for permission in REQUIRED]
     return sorted(
-        Missing(namespace, permission)
-        for namespace in namespaces
-        for permission in REQUIRED
-        if not allowed(namespace, permission)
+        entry for entry in dict.fromkeys([*required, *also]) if not allowed(entry.namespace, entry.permission)
     )
 
 
@@ -79,8 +78,9 @@ def describe(missing: Sequence[Missing], identity: str = "the operator's Service
         for namespace, verbs in by_namespace.items()
     )
     return (
-        f"{identity} may not {places}. Bind it to the operator's Role there (operator/rbac/role.yaml, or "
-        "the chart's rbac; `kubectl auth can-i --as=system:serviceaccount:NS:NAME ...` shows what it may do)"
+        f"{identity} may not {places}. Bind it to the operator's Role there (operator/rbac/role.yaml, "
+        "operator/rbac/leader-election.yaml for leases, or the chart's rbac; "
+        "`kubectl auth can-i --as=system:serviceaccount:NS:NAME ...` shows what it may do)"
     )
 
 
@@ -110,7 +110,9 @@ def access_review_allowed(api_client: Any) -> Callable[[str, Permission], bool]:
     return allowed
 
 
-async def review(api_client: Any, namespaces: Sequence[str]) -> list[Missing]:
+async def review(
+    api_client: Any, namespaces: Sequence[str], *, also: Sequence[Missing] = ()
+) -> list[Missing]:
     """The missing permissions now (the reviews run in a worker thread)."""
     allowed = access_review_allowed(api_client)
-    return await asyncio.to_thread(missing_permissions, namespaces, allowed)
+    return await asyncio.to_thread(missing_permissions, namespaces, allowed, also)

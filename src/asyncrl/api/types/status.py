@@ -47,8 +47,8 @@ class Condition(ApiModel):
     type: str = Field(
         min_length=1,
         description=(
-            "What the condition is about, in CamelCase: `Ready`, `Complete`, `Failed`, `GatewayReachable` "
-            "or `AgentTemplateValid`."
+            "What the condition is about, in CamelCase: `Ready`, `Complete`, `Failed`, `GatewayReachable`, "
+            "`AgentTemplateValid`, `AgentPodsStarting` or `PodTemplateApplied`."
         ),
     )
     status: ConditionStatus = Field(description="`True`, `False` or `Unknown`.")

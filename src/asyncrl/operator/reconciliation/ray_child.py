@@ -129,10 +129,21 @@ async def read_ray_cluster(kube: Kube, namespace: str, run_name: str) -> JSON | 
     )
 
 
-async def read_trainer(kube: Kube, namespace: str, run_name: str) -> TrainerObservation | None:
+async def read_trainer(
+    kube: Kube, namespace: str, run_name: str, *, forbidden_as_absent: bool = False
+) -> TrainerObservation | None:
     """The multi-node trainer as observed: its RayCluster and the driver in the head pod; None when the
-    cluster does not exist."""
-    cluster = await read_ray_cluster(kube, namespace, run_name)
+    cluster does not exist. `forbidden_as_absent`: a 403 (no KubeRay RBAC) reads as no cluster, for a run
+    whose trainer was never seen: its creation is then tried, and says why it cannot be (`KUBERAY_FORBIDDEN`).
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        cluster = await read_ray_cluster(kube, namespace, run_name)
+    except ApiException as error:
+        if forbidden_as_absent and error.status == 403:
+            return None
+        raise
     if cluster is None:
         return None
     selector = f"ray.io/cluster={names.ray_cluster_name(run_name)},ray.io/node-type=head"

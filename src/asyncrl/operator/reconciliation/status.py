@@ -8,7 +8,10 @@ Phase rules, first match wins:
 - the trainer ended: Failed (with the Job's or KubeRay's reason, whether or not the gateway ever answered)
   or Succeeded;
 - `spec.suspend` → Suspended;
-- no trainer yet → Pending, naming what it waits for (the trainer Job being created);
+- before the run first ran, Pending while it waits for a prerequisite the user can still create (the
+  template's ConfigMap, the gateway key's Secret, a multi-node run's checkpoint claim), a child the API server
+  refused for now (a quota), naming it;
+- no trainer yet → Pending, waiting for the trainer Job to be created;
 - the trainer suspended by someone else (Kueue, until it admits the trainer): Pending before the run first
   ran, naming the queue; Suspended after (Kueue preempted it), until it is admitted again;
 - the gateway answers → Running;
@@ -26,7 +29,9 @@ Conditions, all written here:
   keep crashing, naming a pod and its image; kept as it was once the run ended;
 - `Complete` / `Failed`: True on Succeeded / Failed, so that `kubectl wait --for=condition=...` works; while
   False their reason says why (`NotFinished`, or the other end state).
-`PodTemplateApplied` is written once, when the trainer Job is created (handlers.py), and kept.
+- `PodTemplateApplied`: from what the trainer's creation reported (`pod_template_report`): False with a
+  Warning event for each problem (template fields the operator kept its own value of, the API server's
+  warnings), True (`Applied`) otherwise; written when the trainer is created, and kept.
 An unchanged observation gives an equal status, so the caller writes nothing.
 """
 
@@ -65,6 +70,45 @@ class RunObservation:
     # Agent pods that cannot start or keep crashing: (the kubelet's reason, a line naming a pod and image).
     agents_stuck: tuple[str, str] | None = None
     trainer_error: str | None = None  # the trainer's last reported (restartable) error
+    waiting: str | None = None  # a prerequisite missing, or a child refused for now: Pending says it
+
+
+@dataclass(frozen=True)
+class TrainerCreation:
+    """What the trainer's creation reported: the template fields refused, the API server's warnings."""
+
+    refused: str | None
+    warnings: list[str]
+
+
+POD_TEMPLATE_CONDITION = "PodTemplateApplied"
+
+
+def pod_template_report(
+    current: list[Condition], creation: TrainerCreation, *, now: datetime, generation: int
+) -> tuple[list[Condition], list[tuple[str, str]]]:
+    """The `PodTemplateApplied` condition, and a Warning event (reason, message) per problem."""
+    problems: list[tuple[str, str]] = []
+    if creation.refused is not None:
+        problems.append(("FieldsRefused", creation.refused))
+    if creation.warnings:
+        warned = " | ".join(creation.warnings)
+        problems.append(
+            (
+                "ApiServerWarning",
+                f"the API server warned about the trainer Job: {warned} (a pod the namespace's Pod Security "
+                "forbids is never created: see `kubectl describe job` for FailedCreate)",
+            )
+        )
+    condition = _condition(
+        POD_TEMPLATE_CONDITION,
+        not problems,
+        problems[0][0] if problems else "Applied",
+        "; ".join(message for _, message in problems),
+        now,
+        generation,
+    )
+    return with_condition(current, condition), [(f"PodTemplate{reason}", m) for reason, m in problems]
 
 
 def phase_of(observation: RunObservation, *, was_running: bool = False) -> tuple[Phase, str]:
@@ -84,6 +128,8 @@ def phase_of(observation: RunObservation, *, was_running: bool = False) -> tuple
             return Phase.SUCCEEDED, "the trainer finished"
         case RunObservation(suspended=True):
             return Phase.SUSPENDED, "suspended: no new agent Jobs; the trainer is suspended"
+        case RunObservation(waiting=str(waiting)) if not was_running:
+            return Phase.PENDING, waiting
         case RunObservation(trainer=None) if not was_running:
             return Phase.PENDING, PENDING_TRAINER
         case RunObservation(trainer=TrainerObservation(suspended=True, suspended_by_run=False)):

@@ -5,7 +5,7 @@ The gateway lives in the trainer pod, so it is absent while that pod starts or r
 with backoff (`retry.py`) and the link says whether the gateway was reachable last time. Every answer that
 carries the gateway's `instance_id` goes through `observe`: a new instance means the gateway restarted and
 lost its rollouts, which the link announces (`restarted`, the `on_restart` callback, a warning Event on the
-run) so that the controller resets what it knew of them.
+run) so that the dispatcher resets what it knew of them.
 
 Counters: `jobs.created` and `jobs.failed` are the gateway's launch totals plus an offset for earlier gateway
 instances (`job_counters.py`, kept in an annotation of the run), and never below what a written status
@@ -22,11 +22,6 @@ from typing import TYPE_CHECKING, TypeVar
 from asyncrl.gateway_api.client import GatewayClient
 from asyncrl.gateway_api.models import GatewayStats, LaunchTotals
 from asyncrl.operator.kube import Kube
-from asyncrl.operator.reconciliation.job_counters import (
-    ANNOTATION_JOB_COUNTER_OFFSET,
-    JobCounterOffset,
-    JobCountsSeen,
-)
 from asyncrl.operator.retry import (
     Backoff,
     gateway_error_is_transient,
@@ -34,9 +29,14 @@ from asyncrl.operator.retry import (
     one_line_reason,
     retry_transient,
 )
+from asyncrl.operator.run_link.job_counters import (
+    ANNOTATION_JOB_COUNTER_OFFSET,
+    JobCounterOffset,
+    JobCountsSeen,
+)
 
 if TYPE_CHECKING:
-    from asyncrl.operator.reconciliation.run_context import RunContext
+    from asyncrl.operator.run_link.run_context import RunContext
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ counter reset is handled), kept on the run as an annotation that changes only wh
 When the gateway restarts while the operator watches, the counts it showed become the new base. When it
 restarted while the operator was down, the status stored last is the base (launches in its last second
 before the restart may be missing). Either way the reported counts never go down: they are at least the
-stored status. Pure logic; the controller does the reading and writing.
+stored status. Pure logic; the gateway link (`gateway_link.py`) reads the totals and keeps the annotation,
+the reconcile writes the counts in the status.
 """
 
 from __future__ import annotations
