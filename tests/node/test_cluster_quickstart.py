@@ -46,6 +46,7 @@ QUICKSTART = REPO / "examples" / "quickstart-cluster.yaml"
 IMAGES = ("operator", "gateway", "trainer-cpu")
 SYSTEM_NAMESPACE = "asyncrl-system"
 RELEASE = "asyncrl-operator"
+REPLICAS = 2
 # Two cores run the node, the control plane, the trainer and up to 32 agent pods: a generous bound.
 RUN_TIMEOUT = 1200.0
 
@@ -121,6 +122,8 @@ def installed(
         SYSTEM_NAMESPACE,
         "--set-json",
         f'watch.namespaces=["{runs_namespace}"]',
+        "--set",
+        f"replicas={REPLICAS}",  # one leads, one stands by: the quickstart kills the leader mid-run
         "--wait",
         "--timeout=5m",
         kubeconfig=node_cluster.kubeconfig,
@@ -161,6 +164,12 @@ def _pods(kubectl: list[str], namespace: str, selector: str) -> list[dict[str, A
 def _status(kubectl: list[str], namespace: str, run: str) -> dict[str, Any]:
     status: dict[str, Any] = _get(kubectl, "atr", run, "-n", namespace).get("status") or {}
     return status
+
+
+def _leader(kubectl: list[str]) -> str:
+    """The pod that holds the chart's Lease (named like its Deployment), or "" when none does."""
+    lease = _get(kubectl, "lease", RELEASE, "-n", SYSTEM_NAMESPACE)
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
 def _container_ids(pod: dict[str, Any]) -> list[str]:
@@ -347,17 +356,22 @@ def test_helm_install_runs_the_operator_from_its_image_under_the_charts_identity
     installed: Installed,
 ) -> None:
     kubectl = installed.kubectl
-    (pod,) = _pods(kubectl, SYSTEM_NAMESPACE, f"app.kubernetes.io/instance={RELEASE}")
-    assert all(cid.startswith("containerd://") for cid in _container_ids(pod)), _container_ids(pod)
-    spec = pod["spec"]
-    (container,) = spec["containers"]
-    assert container["image"] == "ghcr.io/asyncrl/operator:0.1.0"
-    assert spec["serviceAccountName"] == RELEASE
-    assert not any(env["name"] == "KUBECONFIG" for env in container.get("env") or [])
-    conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
-    assert conditions["Ready"] == "True"
-    # The liveness probe answered (the kubelet would have restarted a container whose /healthz failed).
-    assert _restart_count(pod, "operator") == 0
+    pods = _pods(kubectl, SYSTEM_NAMESPACE, f"app.kubernetes.io/instance={RELEASE}")
+    assert len(pods) == REPLICAS, [p["metadata"]["name"] for p in pods]
+    for pod in pods:
+        assert all(cid.startswith("containerd://") for cid in _container_ids(pod)), _container_ids(pod)
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        assert container["image"] == "ghcr.io/asyncrl/operator:0.1.0"
+        assert spec["serviceAccountName"] == RELEASE
+        assert not any(env["name"] == "KUBECONFIG" for env in container.get("env") or [])
+        conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+        assert conditions["Ready"] == "True"  # the standby too: `helm install --wait` returned
+        # The liveness probe answered (the kubelet would have restarted a container whose /healthz failed).
+        assert _restart_count(pod, "operator") == 0
+    # One of them leads, through the chart's Lease, under the chart's identity (its Role for leases).
+    holder = _leader(kubectl)
+    assert holder in {p["metadata"]["name"] for p in pods}, holder
     with port_forward(kubectl, SYSTEM_NAMESPACE, f"svc/{RELEASE}-metrics", 9090) as port:
         metrics = _http_text(f"http://127.0.0.1:{port}/metrics")
     assert "asyncrl_operator_" in metrics
@@ -416,12 +430,23 @@ def test_the_quickstart_trains_to_succeeded_through_kills_executing_each_rollout
             kubectl, namespace, run, step + 1, what="a step after the trainer pod's deletion", ledger=ledger
         )
 
-        # The operator pod deleted: its Deployment makes another, which takes the run over.
-        (operator_pod,) = _pods(kubectl, SYSTEM_NAMESPACE, f"app.kubernetes.io/instance={RELEASE}")
-        deleted = kubectl_run(
-            kubectl, "delete", "pod", "-n", SYSTEM_NAMESPACE, operator_pod["metadata"]["name"], "--wait=false"
-        )
+        # The leading operator's pod deleted: it releases the Lease, and the replica that stood by takes the
+        # run over (the Deployment also makes a new pod, which stands by in its turn).
+        leader = _leader(kubectl)
+        standby = {
+            p["metadata"]["name"]
+            for p in _pods(kubectl, SYSTEM_NAMESPACE, f"app.kubernetes.io/instance={RELEASE}")
+        } - {leader}
+        deleted = kubectl_run(kubectl, "delete", "pod", "-n", SYSTEM_NAMESPACE, leader, "--wait=false")
         assert deleted.returncode == 0, deleted.stderr
+        new_leader = wait_for(
+            lambda: (holder := _leader(kubectl)) != leader and holder, timeout=180, what="another leader"
+        )
+        assert new_leader in standby, (new_leader, standby)
+        step = int(_status(kubectl, namespace, run).get("step") or 0)
+        _wait_for_step(
+            kubectl, namespace, run, step + 1, what="a step served by the new leader", ledger=ledger
+        )
 
         final = _wait_for_end(kubectl, namespace, run)
         assert final["phase"] == "Succeeded", final

@@ -25,6 +25,16 @@ from asyncrl.operator.metrics import OperatorMetrics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _scope_and_serving_arguments(parser)
+    _election_arguments(parser)
+    parser.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or ~/.kube/config)"
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _template_arguments(parser)
+
+
+def _scope_and_serving_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
@@ -50,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="coordinate replicas through kopf peering (needs kopf's peering CRD); default: standalone",
     )
+
+
+def _election_arguments(parser: argparse.ArgumentParser) -> None:
     election = parser.add_argument_group('leader election (docs/install.md, "Replicas and leader election")')
     election.add_argument(
         "--leader-elect",
@@ -81,10 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NS",
         help="the Lease's namespace (default: env POD_NAMESPACE, else the single --namespace)",
     )
-    parser.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or ~/.kube/config)"
-    )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _template_arguments(parser: argparse.ArgumentParser) -> None:
     templates = parser.add_argument_group("agent templates (see docs/security.md)")
     templates.add_argument(
         "--agent-pod-policy",
