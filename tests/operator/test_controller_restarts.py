@@ -73,3 +73,47 @@ def test_a_cancelled_supervisor_stops_without_starting_the_controller_again(
     monkeypatch.setattr(handlers, "run_controller", controller)
     asyncio.run(supervise_then_cancel())
     assert len(calls) == 1
+
+
+def test_a_graceful_stop_cancels_every_run_before_waiting_for_any() -> None:
+    """A run's task may take seconds to end once cancelled (its children's last calls). One after another,
+    100 of them outlast the pod's grace period and the Lease expires instead of being released: the cleanup
+    cancels them all, then waits. Checked by order (each task records when it was cancelled and when it
+    ended), not by time."""
+    order: list[str] = []
+
+    async def slow_to_stop(name: str, release: asyncio.Event) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            order.append(f"cancelled {name}")
+            await release.wait()  # its last calls: done only once every run has been told to stop
+            order.append(f"ended {name}")
+            raise
+
+    async def stop_three() -> None:
+        release = asyncio.Event()
+        runs = {
+            ("ns", name): handlers._RunTask(uid=name, task=asyncio.create_task(slow_to_stop(name, release)))
+            for name in ("a", "b", "c")
+        }
+        await asyncio.sleep(0)  # the tasks start waiting
+        stopped = asyncio.Event()
+
+        class Renderer:
+            async def close(self) -> None:
+                stopped.set()
+
+        runtime = SimpleNamespace(
+            permissions_review=None, health=None, watches=[], runs=runs, renderer=Renderer()
+        )
+        cleanup = asyncio.create_task(handlers._cleanup(kopf.Memo(runtime=runtime)))
+        while len(order) < 3 and not cleanup.done():
+            await asyncio.sleep(0)
+        release.set()
+        await cleanup
+        assert stopped.is_set()
+
+    asyncio.run(stop_three())
+    assert order[:3] == ["cancelled a", "cancelled b", "cancelled c"], order
+    assert sorted(order[3:]) == ["ended a", "ended b", "ended c"], order

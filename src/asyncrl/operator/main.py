@@ -54,12 +54,6 @@ def _scope_and_serving_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve /healthz (liveness) and /readyz (503 naming any permission the operator lacks) here "
         "(0: off)",
     )
-    parser.add_argument(
-        "--peering",
-        default=None,
-        metavar="NAME",
-        help="coordinate replicas through kopf peering (needs kopf's peering CRD); default: standalone",
-    )
 
 
 def _election_arguments(parser: argparse.ArgumentParser) -> None:
@@ -232,8 +226,7 @@ def run(args: argparse.Namespace) -> int:
     kopf.run(
         clusterwide=bool(args.all_namespaces),
         namespaces=list(args.namespace),
-        standalone=args.peering is None,
-        peering_name=args.peering,
+        standalone=True,  # no kopf peering: equal peers all pause; replicas fail over by --leader-elect
         memo=kopf.Memo(config=config, metrics=metrics),
     )
     return 0
