@@ -105,7 +105,7 @@ def test_a_graceful_stop_cancels_every_run_before_waiting_for_any() -> None:
                 stopped.set()
 
         runtime = SimpleNamespace(
-            permissions_review=None, health=None, watches=[], runs=runs, renderer=Renderer()
+            permissions_review=None, health=None, watches=[], runs=runs, renderer=Renderer(), fence=None
         )
         cleanup = asyncio.create_task(handlers._cleanup(kopf.Memo(runtime=runtime)))
         while len(order) < 3 and not cleanup.done():

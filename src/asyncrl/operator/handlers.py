@@ -40,6 +40,7 @@ from asyncrl.operator.reconciliation.child_index import ChildIndex
 from asyncrl.operator.reconciliation.reconciler import read_template
 from asyncrl.operator.retry import Backoff, one_line_reason
 from asyncrl.operator.run_supervisor import RunSupervisor, invalid_reasons, parse_run, supervise_run
+from asyncrl.operator.write_fence import WriteFence
 from asyncrl.workloads import names
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Runtime:
     readiness: Readiness = field(default_factory=Readiness)
     health: HealthServer | None = None
     permissions_review: asyncio.Task[None] | None = None
+    fence: WriteFence | None = None
 
     def watch(self, kind: str, namespace: str | None) -> None:
         """Start the label-selected watch of one kind of our objects in one scope."""
@@ -114,6 +116,9 @@ class _RunTask:
 # (docs/install.md), so the reconcile reads the key Secret by name, less often (reconciler.py).
 WATCHED_KINDS = ("Job", "Service", "ConfigMap")
 RESTART_BACKOFF = Backoff(first_seconds=10.0, max_seconds=60.0, jitter_seconds=2.0)
+# At a graceful stop: runs stop (up to 10 s, all at once), writes in flight end (up to this), the Lease is
+# released; inside the pod's default 30 s grace period.
+FENCE_SECONDS = 10.0
 
 
 class ForeverBackoffs:
@@ -178,6 +183,7 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         kube=Kube(config.api_client),
         metrics=memo.metrics,
         renderer=TemplateRenderer(config.render),
+        fence=WriteFence.install(config.api_client),
     )
     memo.runtime = runtime
     if config.health_port:
@@ -214,6 +220,8 @@ async def _cleanup(memo: Any, **_: Any) -> None:
     # Lease would then expire instead of being released.
     await asyncio.gather(*(_stop_run(runtime, key) for key in list(runtime.runs)))
     await runtime.renderer.close()
+    if runtime.fence is not None:  # a call already in a worker thread may still be on its way
+        await asyncio.to_thread(runtime.fence.close, FENCE_SECONDS)
     await elector.release(memo.get("elector"))  # last: no run writes any more
 
 
