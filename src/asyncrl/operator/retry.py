@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 import httpx
 import pydantic
@@ -28,6 +28,16 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TRANSIENT_HTTP_STATUSES = frozenset({408, 429})
+
+
+class StaminaWaits(TypedDict):
+    """`stamina.retry_context`'s delay arguments, typed one by one: since stamina 26.2 it also takes
+    `name: str`, so a `dict[str, float]` spread into it no longer type-checks."""
+
+    wait_initial: float
+    wait_max: float
+    wait_exp_base: float
+    wait_jitter: float
 
 
 @dataclass(frozen=True)
@@ -44,7 +54,7 @@ class Backoff:
         """The delay after failed attempt number `attempt` (1-based), without its jitter."""
         return min(self.max_seconds, self.first_seconds * self.factor ** min(attempt - 1, 64))
 
-    def stamina_waits(self) -> dict[str, float]:
+    def stamina_waits(self) -> StaminaWaits:
         """The keyword arguments of `stamina.retry_context` that set these delays."""
         return {
             "wait_initial": self.first_seconds,
