@@ -35,6 +35,12 @@ EXPECTED = {
         "spec.trainer.verlOverrides: 'actor_rollout_ref.actor.optim.lr' must be a number (e.g. 1.0e-6), "
         "not 'fast'"
     ),
+    "verl-top-p-biases-weights.yaml": (
+        "spec.trainer.verlOverrides: actor_rollout_ref.rollout.top_p is 0.9, but training needs top_p off: "
+        "vLLM reports each sampled token's log-prob after the nucleus filter, the trainer recomputes it "
+        "without any filter, so every importance weight would be biased; remove "
+        "actor_rollout_ref.rollout.top_p from spec.trainer.verlOverrides or set it to 1.0"
+    ),
     "template-comand.yaml": (
         "spec.agents.template: agent template: spec.template.spec.containers[0].comand: unknown field; "
         "did you mean command? (all 4 rows of spec.data.inline)"
@@ -111,12 +117,17 @@ def test_the_labels_key_is_refused_too_with_what_a_key_may_hold() -> None:
     ), lines
 
 
+# The examples' models are Hub names or paths in the trainer pod: validate cannot read their config.json.
+SKIPPED_MEMORY = "note: spec.trainer: GPU memory not estimated: "
+
+
 def test_every_example_still_validates() -> None:
     examples = sorted(EXAMPLES.glob("*.yaml"))
     result = validate(*examples)
     for example in examples:
         if example.name != "run-invalid-async.yaml":
-            assert lines_of(result, example) == ["valid"], (example.name, result.stdout, result.stderr)
+            lines = [line for line in lines_of(result, example) if not line.startswith(SKIPPED_MEMORY)]
+            assert lines == ["valid"], (example.name, result.stdout, result.stderr)
 
 
 def test_the_reference_backend_names_the_overrides_it_ignores(tmp_path: Path) -> None:
@@ -147,6 +158,8 @@ def test_without_verl_the_overrides_are_said_to_be_unchecked_and_how_to_check_th
         "note: spec.trainer.verlOverrides: not checked: verlOverrides were not checked against verl's config "
         "(verl not installed here); install the trainer extra (pip install 'asyncrl[trainer]') and run "
         "asyncrl validate again",
+        f"{SKIPPED_MEMORY}Qwen/Qwen2.5-0.5B-Instruct/config.json is not readable here (a Hub name or a path "
+        "in the trainer pod); the trainer's preflight estimates it against its GPU",
     ]
     assert importlib.util.find_spec("verl") is not None  # here, verl is installed: the other tests check
 

@@ -247,10 +247,10 @@ def test_the_runs_settings_come_from_verl_overrides_and_are_checked() -> None:
     manifest["spec"]["trainer"] = {
         "backend": "Verl",
         "gpus": 1,
-        "verlOverrides": {"actor_rollout_ref": {"rollout": {"top_p": 0.95, "top_k": 40}}},
+        "verlOverrides": {"actor_rollout_ref": {"rollout": {"temperature": 0.8, "top_k": 0}}},
     }
     run = load_run(manifest)
-    assert run.spec.trainer.rollout_sampling() == RolloutSampling(1.0, 0.95, 40)
+    assert run.spec.trainer.rollout_sampling() == RolloutSampling(0.8, 1.0, 0)
     assert run.spec.gateway.sampling_params is SamplingParamsPolicy.ENFORCE
     manifest["spec"]["trainer"]["verlOverrides"] = {"actor_rollout_ref.rollout.temperature": "hot"}
     with pytest.raises(InvalidRunError, match=r"actor_rollout_ref.rollout.temperature must be a number"):

@@ -556,10 +556,6 @@ def test_captured_log_probs_equal_the_trainers_recomputation_at_the_runs_tempera
     logits divided by `rollout.temperature` (verl's `logprobs_from_logits`), so vLLM's captured log-probs must
     be that same distribution: the run's temperature (the gateway enforces it) and vLLM's processed log-probs
     (as verl starts vLLM). Checked here on the same weights with the trainer's own code (HF transformers)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from verl.utils.torch_functional import logprobs_from_logits
-
     running = start_gateway(vllm_server, tmp_path, f"--rollout-temperature={temperature}")
     try:
         rollout_id = new_rollout(running)
@@ -569,6 +565,17 @@ def test_captured_log_probs_equal_the_trainers_recomputation_at_the_runs_tempera
         (call,) = calls_of(running, rollout_id)
     finally:
         running.process.stop()
+    gap = max(map(abs, captured_minus_trainer(call, tiny_model_dir, temperature)))
+    assert gap <= TRAINER_LOGPROB_TOLERANCE, f"vLLM's and the trainer's log-probs differ by up to {gap}"
+
+
+def captured_minus_trainer(call: CallRecord, tiny_model_dir: Path, temperature: float) -> list[float]:
+    """Per generated token, vLLM's captured log-prob minus verl's recomputation of it from the same weights
+    (HF transformers, float32): the actor's logits divided by the temperature, no filter."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from verl.utils.torch_functional import logprobs_from_logits
+
     assert call.prompt_token_ids is not None
     assert call.response_token_ids is not None
     assert call.response_logprobs is not None
@@ -580,8 +587,31 @@ def test_captured_log_probs_equal_the_trainers_recomputation_at_the_runs_tempera
     response_logits = logits[n_prompt - 1 : -1] / temperature
     labels = torch.tensor(call.response_token_ids)
     trainer = logprobs_from_logits(response_logits, labels).tolist()
-    gap = max(abs(a - b) for a, b in zip(trainer, call.response_logprobs, strict=True))
-    assert gap <= TRAINER_LOGPROB_TOLERANCE, f"vLLM's and the trainer's log-probs differ by up to {gap}"
+    return [vllm - ours for vllm, ours in zip(call.response_logprobs, trainer, strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("filters", "biased"),
+    [({"top_p": 1.0, "top_k": 0}, False), ({"top_k": 5}, True), ({"top_p": 0.5}, True)],
+    ids=["no-filter", "top_k-5", "top_p-0.5"],
+)
+def test_a_top_p_or_top_k_filter_makes_vllms_log_probs_differ_from_the_trainers_recomputation(
+    allow_gateway: RunningGateway, tiny_model_dir: Path, filters: dict[str, float], biased: bool
+) -> None:
+    """Why a run's own actor_rollout_ref.rollout.top_p < 1 or top_k > 0 is refused: vLLM (processed
+    log-probs, as verl starts it) reports each token's log-prob under the filtered, renormalised
+    distribution, and the trainer recomputes it from the whole one, so the importance weights would be off.
+    The module's Allow gateway forwards the filter as a run's own setting would reach vLLM."""
+    body = {"messages": MESSAGES, "max_tokens": 32, "seed": 43, "temperature": 1.0, **filters}
+    call = captured(allow_gateway, body)
+    assert {key: call.request[key] for key in filters} == filters  # vLLM sampled with exactly these
+    differences = captured_minus_trainer(call, tiny_model_dir, temperature=1.0)
+    shown = f"{filters}: vLLM's minus the trainer's log-probs range {min(differences)}..{max(differences)}"
+    if biased:
+        # The filter renormalises onto the tokens it keeps: every sampled token's vLLM log-prob is higher.
+        assert min(differences) > 100 * TRAINER_LOGPROB_TOLERANCE, shown
+    else:
+        assert max(map(abs, differences)) <= TRAINER_LOGPROB_TOLERANCE, shown
 
 
 def test_replies_that_do_not_survive_decoding_break_the_trajectory_but_lose_no_sampled_token(

@@ -603,7 +603,9 @@ class TrainerSpec(ApiModel):
             "leading + adds an undeclared key. Keys the run sets itself (batch sizes, "
             "rollout.samplesPerPrompt, the model, GPUs, rollout correction) are rejected. The Reference "
             "backend reads one of them, actor_rollout_ref.actor.optim.lr (its learning rate), and "
-            "ignores the others."
+            "ignores the others. actor_rollout_ref.rollout.top_p and top_k must stay off (1 and -1): "
+            "vLLM's log-probs are those after the filter, the trainer's are not, so the importance weights "
+            "would be biased."
         ),
     )
     pod_template: TrainerPodTemplate | None = Field(
@@ -644,7 +646,7 @@ class TrainerSpec(ApiModel):
         errors = owned_key_errors(value or {}) + learning_rate_errors(flatten_overrides(value or {}))
         if errors:
             raise ValueError("; ".join(errors))
-        rollout_sampling_of(flatten_overrides(value or {}))  # the gateway enforces these: numbers, in range
+        rollout_sampling_of(flatten_overrides(value or {}))  # numbers, in range, no top-p/top-k filter
         return value
 
     def rollout_sampling(self) -> RolloutSampling:
@@ -724,10 +726,10 @@ class GatewaySpec(ApiModel):
             "The request parameters of train-mode calls that change the distribution vLLM samples from: "
             "temperature/top_p/top_k, penalties, min_p, logit_bias, bad_words, allowed_token_ids, "
             "min_tokens, structured output, a forcing tool_choice (docs/writing-an-agent.md#sampling-"
-            "parameters). `Enforce` sends the run's rollout settings (actor_rollout_ref.rollout.* in "
-            "verlOverrides; verl's defaults 1.0, 1.0, -1) and removes the rest, recording what the agent "
-            "asked for; `Reject` answers 400 to calls that ask for other values; `Allow` forwards them (the "
-            "importance weights are then biased)."
+            "parameters). `Enforce` sends the run's rollout settings (the temperature of "
+            "actor_rollout_ref.rollout.temperature in verlOverrides, default 1.0; top_p 1.0, top_k -1) and "
+            "removes the rest, recording what the agent asked for; `Reject` answers 400 to calls that ask "
+            "for other values; `Allow` forwards them (the importance weights are then biased)."
         ),
     )
     capture: CaptureMode = Field(
