@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.agent_templates.render import render_job, template_variables
-from asyncrl.workloads.agent_jobs import AgentJobSettings, shape_agent_job
+from tests.agent_templates.shaping import shaped_agent_container
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "agent_job_templates"
 ROW = {"prompt": 'say "hi"\nnow', "target": "ab", "tool_seconds": 0.5}
@@ -16,30 +15,7 @@ ROW = {"prompt": 'say "hi"\nnow', "target": "ab", "tool_seconds": 0.5}
 
 @pytest.mark.parametrize("name", sorted(path.name for path in TEMPLATES.glob("*.yaml.j2")))
 def test_template_renders_an_agent_job_for_a_sample_row(name: str) -> None:
-    variables = template_variables(
-        ROW,
-        rollout={"id": "r-1", "group_id": "g-1", "step": 0, "attempt_id": "a1", "mode": "train"},
-        job_name="demo-r-1",
-        run={"name": "demo", "namespace": "team"},
-    )
-    job = render_job((TEMPLATES / name).read_text(), variables)
-    settings = AgentJobSettings(
-        run_name="demo",
-        namespace="team",
-        owner_reference={
-            "apiVersion": "asyncrl.dev/v1alpha1",
-            "kind": "AsyncTrainingRun",
-            "name": "demo",
-            "uid": "u",
-        },
-        timeout_seconds=1800,
-        ttl_seconds_after_finished=1200,
-    )
-    shaped = shape_agent_job(
-        job, settings=settings, rollout_id="r-1", group_id="g-1", attempt_id="a1", agent_env={"AGL_KEY": "k"}
-    )
-    (container,) = shaped["spec"]["template"]["spec"]["containers"]
-    env = {entry["name"]: entry["value"] for entry in container["env"]}
+    container, env = shaped_agent_container((TEMPLATES / name).read_text(), ROW, run="demo")
     assert json.loads(env["ROW"]) == ROW
     assert env["AGL_KEY"] == "k"
     assert all(isinstance(value, str) for value in env.values())  # Kubernetes env values are strings

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 
-from asyncrl.agent_templates.render import render_job, template_variables
-from asyncrl.workloads.agent_jobs import AgentJobSettings, shape_agent_job
+from tests.agent_templates.shaping import shaped_agent_container
 
 # The shape of Agent Lightning v1.0's documented template fragment, as a whole Job.
 AGENT_LIGHTNING_TEMPLATE = """\
@@ -36,30 +35,7 @@ ROW = {"image_name": "calc-agent", "question": 'What is "2: 3"?\n- list?', "resu
 
 
 def test_agent_lightning_template_renders_with_yaml_escape() -> None:
-    variables = template_variables(
-        ROW,
-        rollout={"id": "r-1", "group_id": "g-1", "step": 0, "attempt_id": "a1", "mode": "train"},
-        job_name="calc-r-1",
-        run={"name": "calc", "namespace": "team"},
-    )
-    job = render_job(AGENT_LIGHTNING_TEMPLATE, variables)
-    settings = AgentJobSettings(
-        run_name="calc",
-        namespace="team",
-        owner_reference={
-            "apiVersion": "asyncrl.dev/v1alpha1",
-            "kind": "AsyncTrainingRun",
-            "name": "calc",
-            "uid": "u",
-        },
-        timeout_seconds=1800,
-        ttl_seconds_after_finished=1200,
-    )
-    shaped = shape_agent_job(
-        job, settings=settings, rollout_id="r-1", group_id="g-1", attempt_id="a1", agent_env={"AGL_KEY": "k"}
-    )
-    (container,) = shaped["spec"]["template"]["spec"]["containers"]
-    env = {entry["name"]: entry["value"] for entry in container["env"]}
+    container, env = shaped_agent_container(AGENT_LIGHTNING_TEMPLATE, ROW, run="calc")
     assert container["image"] == "calc-agent:latest"
     assert env["QUESTION"] == ROW["question"]  # text with quotes, ': ' and a newline stays one string
     assert env["RESULT"] == "5"  # a number becomes a string, as a Kubernetes env value must be
