@@ -29,6 +29,10 @@ from asyncrl.api.types.verl_overrides import RunVerlDecisions, flatten_overrides
 
 VERL_CONFIG_NAME = "ppo_trainer"
 
+# vLLM's context length; unset, vLLM takes the model's maximum (32,768 for Qwen2.5), not the longest row.
+MAX_MODEL_LEN_KEY = "actor_rollout_ref.rollout.max_model_len"
+REWARD_WORKERS_KEY = "reward.num_workers"
+
 # Our defaults where verl's do not suit an agent run; every one may be overridden in verlOverrides.
 ASYNCRL_DEFAULTS: Mapping[str, Any] = {
     # One vLLM replica per GPU: more replicas for the gateway to balance agents over.
@@ -53,6 +57,10 @@ ASYNCRL_DEFAULTS: Mapping[str, Any] = {
     "trainer.test_freq": -1,
     "trainer.save_freq": -1,
     "trainer.project_name": "asyncrl",
+    # Rewards come from the agents (posted to the gateway), never from verl's reward loop. verl 0.9.1's v1
+    # trainer builds its RewardLoopManager in any case (trainer_base.py, _setup), which starts this many Ray
+    # actors, each loading the tokenizer (reward_loop.py, _init_reward_loop_workers); 0 starts none.
+    REWARD_WORKERS_KEY: 0,
 }
 
 
@@ -70,6 +78,11 @@ class VerlSettings(RunVerlDecisions):
         None  # the LR schedule's horizon in updates (schedule_horizon); None: unknown
     )
 
+    @property
+    def longest_row(self) -> int:
+        """The most tokens of a training row: the adapter drops longer prompts and cuts longer responses."""
+        return self.max_prompt_length + self.max_response_length
+
     def owned(self) -> dict[str, Any]:
         """The keys the run sets (OWNED_VERL_KEYS), with their values."""
         return owned_verl_values(self)
@@ -80,6 +93,7 @@ class VerlSettings(RunVerlDecisions):
             **ASYNCRL_DEFAULTS,
             "actor_rollout_ref.actor.ppo_mini_batch_size": self.train_batch_size,
             "trainer.experiment_name": self.experiment_name,
+            MAX_MODEL_LEN_KEY: self.longest_row,
         }
         if self.schedule_steps is not None:
             defaults.update(dict.fromkeys(SCHEDULE_HORIZON_KEYS, self.schedule_steps))
@@ -126,7 +140,7 @@ def verl_settings(
             "to the GPUs of the trainer pod (1 or more), or use spec.trainer.backend: Reference on CPU"
         )
     # Owned keys in verlOverrides cannot reach here: loading the run refused them (TrainerSpec's validator).
-    return VerlSettings(
+    settings = VerlSettings(
         model_path=spec.model.path,
         tool_call_parser=vllm_tool_call_parser(spec.model.tool_call_parser),
         train_batch_size=spec.train_batch_size,
@@ -142,6 +156,23 @@ def verl_settings(
         experiment_name=run.name or "asyncrl-run",
         overrides=flatten_overrides(spec.trainer.verl_overrides or {}),
         schedule_steps=schedule_horizon(run, prompt_count=prompt_count)[0],
+    )
+    check_max_model_len(settings)
+    return settings
+
+
+def check_max_model_len(settings: VerlSettings) -> None:
+    """A `max_model_len` in verlOverrides shorter than the longest row is refused: vLLM would stop or refuse
+    the calls of conversations the adapter still trains on. Null is allowed (vLLM's own: the model's)."""
+    value = settings.overrides.get(MAX_MODEL_LEN_KEY, settings.overrides.get("+" + MAX_MODEL_LEN_KEY))
+    if not isinstance(value, int) or isinstance(value, bool) or value >= settings.longest_row:
+        return  # unset, null, or a value of the wrong type (refused with verl's type when composed)
+    raise VerlConfigError(
+        f"spec.trainer.verlOverrides: {MAX_MODEL_LEN_KEY!r} = {value} is shorter than the longest training "
+        f"row, spec.data.maxPromptLength + spec.data.maxResponseLength = {settings.max_prompt_length} + "
+        f"{settings.max_response_length} = {settings.longest_row} tokens, so vLLM would cut or refuse model "
+        f"calls the adapter trains on: remove it (asyncrl sets {settings.longest_row}), raise it to at least "
+        f"{settings.longest_row}, or lower the two lengths"
     )
 
 
