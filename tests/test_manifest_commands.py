@@ -47,8 +47,9 @@ def test_validate_passes_every_valid_example_and_names_the_invalid_one() -> None
     examples = sorted((REPO / "examples").glob("*.yaml"))
     result = asyncrl("validate", *examples)
     assert result.returncode == 1, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    assert len(lines) == len(examples)  # one line per file: valid, or its one problem
+    # One line per file: valid, or its one problem; notes (a skipped GPU memory estimate) fail nothing.
+    lines = [line for line in result.stdout.splitlines() if ": note: " not in line]
+    assert len(lines) == len(examples)
     for example, line in zip(examples, lines, strict=True):
         if example.name == "run-invalid-async.yaml":
             assert line.startswith(f"{example}: spec.async.windowSize: windowSize (2) must be greater")

@@ -68,8 +68,10 @@ def test_a_pod_with_everything_passes_every_check(tmp_path: Path) -> None:
         "gpus",
         "ray cpus",
         "/dev/shm",
+        "gpu memory",
         "model",
         "checkpoints",
+        "checkpoint resume",
     ]
     assert failures(checks) == []
     assert "12 CPUs needed, 16 available (the pod's CPU limit 16)" in checks[3].line()
@@ -177,7 +179,7 @@ def test_a_multi_node_runs_driver_checks_what_the_driver_uses_and_not_cuda_ray_c
     )
     multi = verl_run(tmp_path, nodes=2, gpusPerNode=1, checkpoint={"claimName": "shared"})
     checks = run_checks(multi, checkpoint_dir=tmp_path / "ckpt", probes=gpu_less_driver)
-    assert [check.name for check in checks] == ["packages", "model", "checkpoints"]
+    assert [check.name for check in checks] == ["packages", "model", "checkpoints", "checkpoint resume"]
     assert failures(checks) == []
 
     (tmp_path / "single").mkdir()

@@ -5,7 +5,8 @@ cross-field rules (the same `load_run` as local mode and the operator, so the sa
 size against `kubectl apply`'s annotation and the run's ConfigMap (`size_limits`); the agent template
 rendered for every inline row (not only the first, which is all the operator's start check has), each Job
 checked against the Job's OpenAPI schema, label and quantity rules (`agent_templates/job_schema.py`); and
-`verlOverrides` against verl's own config where verl is installed (`verl_check`). One line per problem, each
+`verlOverrides` against verl's own config where verl is installed (`verl_check`); and one GPU's memory when
+vLLM wakes, where the model's config.json is readable here (`memory_check`). One line per problem, each
 naming the file and the field, and `note:` lines for what was not checked or is ignored; exit 0 when every
 file is valid, 1 otherwise.
 """
@@ -24,6 +25,7 @@ from asyncrl.agent_templates.render import TemplateError, sample_variables
 from asyncrl.agent_templates.renderer import RendererUnavailable, RenderSettings, TemplateRenderer
 from asyncrl.api import AsyncTrainingRun, InvalidRunError
 from asyncrl.manifest.files import ManifestError, read_manifest
+from asyncrl.manifest.memory_check import memory_findings
 from asyncrl.manifest.size_limits import client_side_apply_problem
 from asyncrl.manifest.verl_check import Findings, verl_findings
 from asyncrl.workloads import children, names
@@ -72,8 +74,9 @@ async def findings_of(path: Path, renderer: TemplateRenderer, *, server_side: bo
     if size_error is not None:
         findings.problems.append(f"spec: {size_error}")
     run_findings = await run_problems(run, renderer)
-    findings.problems.extend(run_findings.problems)
-    findings.notes.extend(run_findings.notes)
+    memory = memory_findings(run)
+    findings.problems.extend(run_findings.problems + memory.problems)
+    findings.notes.extend(run_findings.notes + memory.notes)
     return findings
 
 

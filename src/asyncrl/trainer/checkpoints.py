@@ -4,6 +4,10 @@ A checkpoint is the backend's directory `step-NNNNNN/` (written atomically by th
 `step-NNNNNN.json` with the loop's state, written last and atomically: a checkpoint counts only when both
 exist, so a crash mid-save leaves the previous one as the latest. The window itself is not saved here; the
 gateway, which outlives the trainer container, is its source of truth on restart.
+
+The verl backend's files are FSDP shards, one per rank, so a checkpoint fits only the world size (nodes x
+GPUs per node) it was saved with: the loop state records it, and a resume with another is refused
+(`recovery.resume_decision`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ class LoopState:
     # Groups the saved update trained on. The loop deletes them from the gateway right after saving; a
     # trainer that dies in between finds them there on restart and must delete, not train, them again.
     consumed_group_ids: tuple[str, ...] = ()
+    # The ranks the backend's files are sharded over; None: not recorded (the Reference backend, whose
+    # files do not depend on it, or a checkpoint saved before asyncrl recorded it).
+    world_size: int | None = None
 
     @property
     def data_position(self) -> DataPosition:

@@ -49,7 +49,7 @@ from asyncrl.trainer.gateway_port import TrainerGateway
 from asyncrl.trainer.length_metrics import length_metrics
 from asyncrl.trainer.metrics import MetricsSinks, spread
 from asyncrl.trainer.prefetch import DEFAULT_BATCH_ROLLOUTS, PrefetchTotals, RolloutsMissing, RowPrefetcher
-from asyncrl.trainer.recovery import groups_of, plan_resync
+from asyncrl.trainer.recovery import groups_of, plan_resync, resume_decision, sharded_world_size
 from asyncrl.trainer.rows import TrainingRow
 from asyncrl.trainer.uniform_groups import drop_limit, uniform_groups
 from asyncrl.trainer.window import Group, RolloutWindow
@@ -93,6 +93,7 @@ class LoopSettings:
     events_batch_bytes: int = (
         DEFAULT_EVENTS_BATCH_BYTES  # bytes per events answer (beyond its first document)
     )
+    world_size: int | None = None  # GPUs the checkpoints are sharded over (recorded, compared at resume)
 
     @classmethod
     def of_run(cls, spec: AsyncTrainingRunSpec, *, checkpoint_dir: Path | None) -> LoopSettings:
@@ -109,6 +110,7 @@ class LoopSettings:
             drain_policy=spec.gateway.drain_policy,
             max_failed_steps=spec.max_failed_steps,
             drop_uniform_groups=spec.rollout.drop_uniform_groups,
+            world_size=sharded_world_size(spec),
         )
 
 
@@ -254,6 +256,14 @@ class StepLoop:
             found = latest_checkpoint(self.settings.checkpoint_dir)
             if found is not None:
                 path, state = found
+                decision = resume_decision(
+                    checkpoint=str(path),
+                    saved_world_size=state.world_size,
+                    world_size=self.settings.world_size,
+                )
+                if decision.refused:  # a configuration error: the preflight refuses it first in the trainer
+                    raise SystemExit(f"asyncrl trainer: {decision.detail}; fix: {decision.fix}")
+                logger.info("%s", decision.detail)
                 # Loading sleeps and wakes the model servers: no agent call may be in flight meanwhile (the
                 # gateway outlived us and may be serving); run() resumes it after recovery.
                 await self.gateway.pause(
@@ -597,6 +607,7 @@ class StepLoop:
                 data_epoch=position.epoch,
                 data_offset=position.offset,
                 consumed_group_ids=tuple(group.group_id for group in consumed),
+                world_size=self.settings.world_size,
             ),
         )
         self._saved_step = self.step

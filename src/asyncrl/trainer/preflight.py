@@ -10,25 +10,32 @@ it checks only what the driver uses, and the Ray nodes' containers, where verl's
 through Ray (preflight_cluster.py runs `node_checks` on each node).
 
 Each check is a small function returning a `Check`; the probes that touch the machine (package versions,
-CUDA, /dev/shm, cgroups) are parameters, so the checks are tested on CPU with fake probes.
+CUDA, the GPU's memory, /dev/shm, cgroups) are parameters, so the checks are tested on CPU with fake probes.
+Two checks read the run's files: whether the actor's resident state and vLLM's reservation fit the real GPU
+when vLLM wakes (`memory_budget`), and whether the latest checkpoint was saved with this run's GPUs.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from asyncrl.api import AsyncTrainingRun
 from asyncrl.api.types.spec import TrainerBackend
+from asyncrl.trainer.backends.verl import memory_budget
 from asyncrl.trainer.backends.verl.resources import (
     DEFAULT_STORAGE_UNITS,
     RayResourcesError,
     plan_ray_cpus,
 )
+from asyncrl.trainer.checkpoints import latest_checkpoint
+from asyncrl.trainer.recovery import resume_decision, sharded_world_size
 
 # The trainer image's GPU stack (trainer_image/constraints.txt; a test keeps the two equal).
 GPU_STACK_PINS: Mapping[str, str] = {
@@ -70,6 +77,8 @@ class Probes:
     shm_bytes: Callable[[], int | None]
     cgroup_root: Path = Path("/sys/fs/cgroup")
     node_cpus: int | None = None
+    # The smallest visible GPU's memory in bytes; None: unknown (no CUDA), the memory check is skipped.
+    gpu_memory_bytes: Callable[[], int | None] = lambda: None
 
 
 def installed_version(package: str) -> str | None:
@@ -96,7 +105,18 @@ def shm_size() -> int | None:
         return None
 
 
-MACHINE = Probes(version=installed_version, cuda=cuda_state, shm_bytes=shm_size)
+def gpu_memory() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return None
+    devices = range(torch.cuda.device_count())
+    return min(int(torch.cuda.get_device_properties(index).total_memory) for index in devices)
+
+
+MACHINE = Probes(version=installed_version, cuda=cuda_state, shm_bytes=shm_size, gpu_memory_bytes=gpu_memory)
 
 
 def check_packages(backend: TrainerBackend, probes: Probes) -> Check:
@@ -197,6 +217,52 @@ def check_checkpoint_dir(directory: Path | None) -> Check:
     return Check("checkpoints", True, f"{directory} is writable")
 
 
+def memory_check(
+    model_config: dict[str, Any],
+    settings: memory_budget.MemorySettings,
+    *,
+    gpu_bytes: int,
+    world_size: int,
+) -> Check:
+    """The pure decision: refused, with the figures and the fixes, when the estimate does not fit."""
+    try:
+        shape = memory_budget.model_shape(model_config)
+    except memory_budget.UnsupportedModel as error:
+        return Check("gpu memory", True, f"not estimated: {error}")
+    found = memory_budget.estimate(shape, settings, gpu_bytes=gpu_bytes, world_size=world_size)
+    verdict = found.verdict
+    detail = f"{verdict}: {found.breakdown()}"
+    if verdict is not memory_budget.Verdict.REFUSE:
+        return Check("gpu memory", True, detail)
+    fixes = memory_budget.fixes(shape, settings, gpu_bytes=gpu_bytes, world_size=world_size)
+    return Check("gpu memory", False, detail, "; ".join(fixes))
+
+
+def check_gpu_memory(run: AsyncTrainingRun, probes: Probes) -> Check:
+    """The estimate against the real GPU, when the model's config.json is a local file."""
+    gpu_bytes = probes.gpu_memory_bytes()
+    config_file = Path(run.spec.model.path).expanduser() / "config.json"
+    if gpu_bytes is None:
+        return Check("gpu memory", True, "not estimated: the GPU's memory is unknown here")
+    try:
+        model_config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return Check("gpu memory", True, f"not estimated: {config_file} is not readable here")
+    world_size = sharded_world_size(run.spec) or 1
+    settings = memory_budget.memory_settings(run)
+    return memory_check(model_config, settings, gpu_bytes=gpu_bytes, world_size=world_size)
+
+
+def check_checkpoint_resume(directory: Path | None, *, world_size: int | None) -> Check:
+    """The latest checkpoint, if any, was saved with this run's GPUs (its FSDP shards are per rank)."""
+    found = latest_checkpoint(directory) if directory is not None else None
+    if found is None:
+        return Check("checkpoint resume", True, "no checkpoint to resume")
+    path, state = found
+    decision = resume_decision(checkpoint=str(path), saved_world_size=state.world_size, world_size=world_size)
+    return Check("checkpoint resume", not decision.refused, decision.detail, decision.fix)
+
+
 def run_checks(
     run: AsyncTrainingRun,
     *,
@@ -219,9 +285,12 @@ def run_checks(
         checks += check_cuda(gpus, probes)
         checks.append(check_ray_cpus(gpus, storage_units, probes))
         checks.append(check_shm(gpus, probes))
+        checks.append(check_gpu_memory(run, probes))
     if backend is TrainerBackend.VERL:
         checks.append(check_model_path(spec.model.path))
     checks.append(check_checkpoint_dir(checkpoint_dir))
+    if backend is TrainerBackend.VERL:  # the Reference backend's files do not depend on the GPUs
+        checks.append(check_checkpoint_resume(checkpoint_dir, world_size=sharded_world_size(spec)))
     return checks
 
 

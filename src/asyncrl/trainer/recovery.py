@@ -6,6 +6,10 @@ count as drawn at the checkpoint's step (`groups_of`). The gateway (a sidecar re
 restarting it): its rollouts, events and feed are gone, so every group whose rollouts it no longer holds is
 redrawn as a new group from the same prompt, and whatever it holds that no group owns is cleaned up
 (`plan_resync`). Both are plain functions of what the gateway lists, so they are tested without I/O.
+
+A checkpoint also fits only the world size it was saved with (the verl backend's files are FSDP shards, one
+per rank): `resume_decision` refuses a resume after `spec.trainer.gpus` or `nodes` changed, rather than
+resharding.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from asyncrl.api import AsyncTrainingRunSpec
+from asyncrl.api.types import TrainerBackend
 from asyncrl.gateway_api.models import RolloutView
 from asyncrl.rollouts import RolloutState
 from asyncrl.trainer.window import Group
@@ -80,4 +86,54 @@ def plan_resync(groups: Sequence[Group], rollouts: Sequence[RolloutView]) -> Res
         terminal_states=terminal,
         to_cancel=tuple(rollout_id for rollout_id in strays if not held[rollout_id].state.is_terminal),
         to_delete=tuple(strays),
+    )
+
+
+def sharded_world_size(spec: AsyncTrainingRunSpec) -> int | None:
+    """The world size a run's checkpoints depend on: nodes x GPUs per node for verl; None for the Reference
+    backend, whose one-process files do not depend on it."""
+    if spec.trainer.backend is not TrainerBackend.VERL:
+        return None
+    return spec.trainer.nodes * spec.trainer.node_gpus
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeDecision:
+    """Whether a checkpoint may be resumed by this run, and why (for a log line or a refusal)."""
+
+    refused: bool
+    detail: str
+    fix: str = ""
+
+
+def resume_decision(
+    *, checkpoint: str, saved_world_size: int | None, world_size: int | None
+) -> ResumeDecision:
+    """A checkpoint saved with `saved_world_size` GPUs, resumed by a run of `world_size`: the same, or either
+    unknown (a checkpoint saved before asyncrl recorded it, the Reference backend), resumes."""
+    if world_size is None:
+        return ResumeDecision(refused=False, detail=f"{checkpoint}: its files do not depend on the GPUs")
+    if saved_world_size is None:
+        return ResumeDecision(
+            refused=False,
+            detail=(
+                f"{checkpoint} does not record the GPUs it was saved with (an older checkpoint): resumed as "
+                f"if saved with this run's {world_size}; if that is wrong, verl fails to load its shards"
+            ),
+        )
+    if saved_world_size == world_size:
+        return ResumeDecision(
+            refused=False, detail=f"{checkpoint} was saved with {world_size} GPU(s), as now"
+        )
+    return ResumeDecision(
+        refused=True,
+        detail=(
+            f"{checkpoint} was saved with {saved_world_size} GPU(s) (nodes x GPUs per node; FSDP writes one "
+            f"shard per GPU) and this run has {world_size}: verl cannot load it"
+        ),
+        fix=(
+            f"set spec.trainer.gpus (or nodes and gpusPerNode) back to {saved_world_size} GPU(s) in all, or "
+            "start from a fresh checkpoint directory (a new spec.trainer.checkpoint.claimName, or remove the "
+            "step-* checkpoints)"
+        ),
     )
