@@ -48,6 +48,7 @@ def results(
             root / "b", QWEN_15B, podTemplate={"nodeSelector": {"nvidia.com/gpu.memory": str(H200_MIB)}}
         ),
         "hub model": manifest_with_model(root / "c", None),
+        "short context": manifest_with_model(root / "d", {**QWEN_15B, "max_position_embeddings": 1024}),
     }
     return paths, validate(*paths.values())
 
@@ -93,3 +94,14 @@ def test_a_model_not_readable_here_is_said_to_be_skipped(
         "readable here (a Hub name or a path in the trainer pod); the trainer's preflight estimates it "
         "against its GPU",
     ]
+
+
+def test_a_context_longer_than_the_models_positions_is_refused_with_the_fix(
+    results: tuple[dict[str, Path], subprocess.CompletedProcess[str]],
+) -> None:
+    """verl would raise it when its vLLM server starts, minutes into the run on a GPU."""
+    paths, result = results
+    problem, _memory = lines_of(result, paths["short context"])
+    assert problem.startswith("spec.data: vLLM's context would be "), problem
+    assert "but the model has 1024 positions (max_position_embeddings in its config.json)" in problem
+    assert problem.endswith("so that they add up to at most 1024"), problem

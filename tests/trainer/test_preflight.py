@@ -70,6 +70,7 @@ def test_a_pod_with_everything_passes_every_check(tmp_path: Path) -> None:
         "/dev/shm",
         "gpu memory",
         "model",
+        "context length",
         "checkpoints",
         "checkpoint resume",
     ]
@@ -179,7 +180,13 @@ def test_a_multi_node_runs_driver_checks_what_the_driver_uses_and_not_cuda_ray_c
     )
     multi = verl_run(tmp_path, nodes=2, gpusPerNode=1, checkpoint={"claimName": "shared"})
     checks = run_checks(multi, checkpoint_dir=tmp_path / "ckpt", probes=gpu_less_driver)
-    assert [check.name for check in checks] == ["packages", "model", "checkpoints", "checkpoint resume"]
+    assert [check.name for check in checks] == [
+        "packages",
+        "model",
+        "context length",
+        "checkpoints",
+        "checkpoint resume",
+    ]
     assert failures(checks) == []
 
     (tmp_path / "single").mkdir()

@@ -17,6 +17,7 @@ from asyncrl.api import AsyncTrainingRun
 from asyncrl.api.types import TrainerBackend
 from asyncrl.manifest.verl_check import Findings
 from asyncrl.trainer.backends.verl import memory_budget
+from asyncrl.trainer.backends.verl.config import context_length_error, context_length_fix
 from asyncrl.trainer.recovery import sharded_world_size
 
 FIELD = "spec.trainer"
@@ -29,7 +30,6 @@ def memory_findings(run: AsyncTrainingRun) -> Findings:
     config_file = Path(run.spec.model.path).expanduser() / "config.json"
     try:
         model_config = json.loads(config_file.read_text())
-        shape = memory_budget.model_shape(model_config)
     except OSError:
         return Findings(
             notes=[
@@ -37,8 +37,18 @@ def memory_findings(run: AsyncTrainingRun) -> Findings:
                 "path in the trainer pod); the trainer's preflight estimates it against its GPU"
             ]
         )
-    except (ValueError, memory_budget.UnsupportedModel) as error:
+    except ValueError as error:
         return Findings(notes=[f"{FIELD}: GPU memory not estimated: {config_file}: {error}"])
+    context_error = context_length_error(model_config, run)
+    found = Findings(
+        problems=[f"spec.data: {context_error}: {context_length_fix(model_config)}"] if context_error else []
+    )
+    try:
+        shape = memory_budget.model_shape(model_config)
+    except (ValueError, memory_budget.UnsupportedModel) as error:
+        return Findings(
+            problems=found.problems, notes=[f"{FIELD}: GPU memory not estimated: {config_file}: {error}"]
+        )
     pod = run.spec.trainer.pod_template
     selected = memory_budget.gpu_bytes_from_node_selector(pod.node_selector if pod is not None else None)
     gpu_bytes = selected or memory_budget.DEFAULT_GPU_BYTES
@@ -52,5 +62,5 @@ def memory_findings(run: AsyncTrainingRun) -> Findings:
     )
     line = f"{FIELD}: GPU memory ({gpu_bytes / memory_budget.GIB:.1f} GiB per GPU, {source}): {text}"
     if verdict is memory_budget.Verdict.REFUSE:
-        return Findings(problems=[line])
-    return Findings(notes=[line])
+        return Findings(problems=[*found.problems, line])
+    return Findings(problems=found.problems, notes=[line])

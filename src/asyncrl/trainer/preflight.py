@@ -29,6 +29,7 @@ from typing import Any
 from asyncrl.api import AsyncTrainingRun
 from asyncrl.api.types.spec import TrainerBackend
 from asyncrl.trainer.backends.verl import memory_budget
+from asyncrl.trainer.backends.verl.config import context_length_error, context_length_fix, served_context
 from asyncrl.trainer.backends.verl.resources import (
     DEFAULT_STORAGE_UNITS,
     RayResourcesError,
@@ -199,6 +200,19 @@ def check_model_path(path: str) -> Check:
     return Check("model", True, f"{directory}")
 
 
+def check_context_length(run: AsyncTrainingRun) -> Check:
+    """The run's vLLM context fits the model's positions (read from its local config.json)."""
+    config_file = Path(run.spec.model.path).expanduser() / "config.json"
+    try:
+        model_config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return Check("context length", True, f"not checked: {config_file} is not readable here")
+    error = context_length_error(model_config, run)
+    if error is not None:
+        return Check("context length", False, error, context_length_fix(model_config))
+    return Check("context length", True, f"{served_context(run)} tokens (vLLM's max_model_len)")
+
+
 def check_checkpoint_dir(directory: Path | None) -> Check:
     if directory is None:
         return Check("checkpoints", True, "no --checkpoint-dir: none are saved")
@@ -288,6 +302,7 @@ def run_checks(
         checks.append(check_gpu_memory(run, probes))
     if backend is TrainerBackend.VERL:
         checks.append(check_model_path(spec.model.path))
+        checks.append(check_context_length(run))
     checks.append(check_checkpoint_dir(checkpoint_dir))
     if backend is TrainerBackend.VERL:  # the Reference backend's files do not depend on the GPUs
         checks.append(check_checkpoint_resume(checkpoint_dir, world_size=sharded_world_size(spec)))

@@ -9,6 +9,7 @@ adapter, which drops longer prompts and cuts longer responses. The input is exam
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ import yaml
 from asyncrl.api.types.verl_layout import DEFAULT_MAX_PROMPT_LENGTH, DEFAULT_MAX_RESPONSE_LENGTH
 from asyncrl.trainer.adapter import adapt_rollout
 from asyncrl.trainer.backends.verl.batch import build_trajectory_batch
-from asyncrl.trainer.backends.verl.config import MAX_MODEL_LEN_KEY
+from asyncrl.trainer.backends.verl.config import MAX_MODEL_LEN_KEY, context_length_error, context_length_fix
 from asyncrl.trainer.loop import LoopSettings
 from asyncrl.trainer.main import build_verl_backend, load_manifest
+from asyncrl.trainer.preflight import check_context_length
 from tests.trainer.test_adapter import call, document
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "run-gpu.yaml"
@@ -106,3 +108,35 @@ def test_a_max_model_len_shorter_than_the_longest_row_is_refused_with_the_number
     assert f"{MAX_MODEL_LEN_KEY!r} = 4000 is shorter than the longest training row" in message
     assert "spec.data.maxPromptLength + spec.data.maxResponseLength = 2048 + 2048 = 4096" in message
     assert "remove it" in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "positions", "refused"),
+    [
+        ({}, 4096, False),  # the example's 2048 + 2048: exactly the model's positions
+        ({}, 4095, True),
+        ({MAX_MODEL_LEN_KEY: 8192}, 32768, False),
+        ({MAX_MODEL_LEN_KEY: 8192}, 4096, True),  # the override, not the longest row, is what vLLM gets
+        ({"actor_rollout_ref": {"rollout": {"max_model_len": None}}}, 1024, False),  # vLLM takes the model's
+    ],
+)
+def test_a_context_longer_than_the_models_positions_is_refused_before_vllm_starts(
+    tmp_path: Path, overrides: dict[str, Any], positions: int, refused: bool
+) -> None:
+    """verl raises it at the rollout server's start, minutes into a GPU run; preflight and validate say it
+    first, from the model's config.json."""
+    path, _ = example_run_file(tmp_path, overrides=overrides)
+    run = load_manifest(path)
+    model_config = {"max_position_embeddings": positions}
+    error = context_length_error(model_config, run)
+    assert (error is not None) == refused, error
+    if refused:
+        assert f"the model has {positions} positions (max_position_embeddings in its config.json)" in error
+        model = tmp_path / "model"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(model_config))
+        run.spec.model.path = str(model)
+        check = check_context_length(run)
+        assert not check.ok
+        assert check.fix == context_length_fix(model_config)
+        assert f"add up to at most {positions}" in check.fix

@@ -176,6 +176,35 @@ def check_max_model_len(settings: VerlSettings) -> None:
     )
 
 
+def served_context(run: AsyncTrainingRun) -> int | None:
+    """vLLM's max_model_len for this run: verlOverrides' value, else the longest row; None: vLLM's own."""
+    spec = run.spec
+    overrides = flatten_overrides(spec.trainer.verl_overrides or {})
+    for key in (MAX_MODEL_LEN_KEY, "+" + MAX_MODEL_LEN_KEY):
+        if key in overrides:
+            value = overrides[key]
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return int(spec.data.max_prompt_length + spec.data.max_response_length)
+
+
+def context_length_error(model_config: Mapping[str, Any], run: AsyncTrainingRun) -> str | None:
+    """Why vLLM would refuse this run's context for the model (verl raises at the server's start, minutes
+    into the run: vllm_async_server.py, "max_model_len ... max_position_embeddings"), or None."""
+    context, positions = served_context(run), model_config.get("max_position_embeddings")
+    if context is None or not isinstance(positions, int) or context <= positions:
+        return None
+    return (
+        f"vLLM's context would be {context} tokens (spec.data.maxPromptLength + maxResponseLength, or "
+        f"{MAX_MODEL_LEN_KEY} in verlOverrides) but the model has {positions} positions "
+        f"(max_position_embeddings in its config.json)"
+    )
+
+
+def context_length_fix(model_config: Mapping[str, Any]) -> str:
+    positions = model_config.get("max_position_embeddings")
+    return f"lower spec.data.maxPromptLength and maxResponseLength so that they add up to at most {positions}"
+
+
 def compose_verl_config(settings: VerlSettings) -> Any:
     """verl's trainer config (an OmegaConf DictConfig) for this run, checked by verl's `validate_config`."""
     import verl.trainer.config as verl_config_package
