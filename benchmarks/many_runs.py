@@ -447,7 +447,7 @@ def measure_size(
     result = SizeResult(runs=runs)
     log_dir = work_dir / f"operator-{runs}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    operator, metrics_port = start_operator(plane, log_dir)
+    operator, metrics_port = start_operator(plane, log_dir, tuple(args.operator_args))
     pid = operator.process.pid
     try:
         names_ = [f"run-{runs}-{index}" for index in range(runs)]
@@ -522,7 +522,7 @@ def measure_failover(
     def replica(name: str) -> tuple[ServerProcess, int]:
         log_dir = work_dir / f"failover-{runs}" / name
         log_dir.mkdir(parents=True, exist_ok=True)
-        return start_operator(plane, log_dir, (*LEADER_ELECT, *args.election_args))
+        return start_operator(plane, log_dir, (*LEADER_ELECT, *args.election_args, *args.operator_args))
 
     operators = [replica("a"), replica("b")]
     restarting = threading.Event()
@@ -834,6 +834,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="LEASE,DEADLINE,RETRY",
         dest="election_args",
         help="with --failover: the election's durations in seconds (default: the operator's)",
+    )
+    parser.add_argument(
+        "--operator-arg",
+        action="append",
+        default=[],
+        dest="operator_args",
+        metavar="FLAG",
+        help="one more flag for each operator, e.g. --operator-arg=--api-workers=6 (repeatable)",
     )
     args = parser.parse_args(argv)
     if args.step_seconds <= 0 or args.minutes <= 0 or args.rollouts_per_step < 0:
