@@ -302,10 +302,12 @@ def test_the_real_trainer_as_ray_driver_passes_its_own_checks_and_checks_the_clu
     found = dict(zip(names, lines, strict=True))
     # The driver's own container: what it uses, and no CUDA, Ray CPUs in its cgroup or /dev/shm per GPU
     # (the one `ray cpus` line is the cluster's, below).
-    assert names[:3] == ["packages", "model", "checkpoints"]
+    assert names[:5] == ["packages", "model", "context length", "checkpoints", "checkpoint resume"]
     assert found["packages"] == check_packages(TrainerBackend.VERL, MACHINE).line()
     assert found["model"] == f"ok    model: {model}"
+    assert found["context length"].startswith("ok    context length: "), found  # no positions in "{}"
     assert found["checkpoints"].startswith("ok    checkpoints: ")
+    assert found["checkpoint resume"] == "ok    checkpoint resume: no checkpoint to resume", found
     assert not {"cuda", "gpus", "/dev/shm"} & set(names)
     assert names.count("ray cpus") == 1
     # The cluster, through Ray: the head reached, both nodes, their declared GPUs and CPUs.
