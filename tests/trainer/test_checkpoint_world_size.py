@@ -15,19 +15,15 @@ from pathlib import Path
 import pytest
 
 from asyncrl.api import load_run
-from asyncrl.api.types.spec import AsyncSpec
 from asyncrl.gateway_api.client import GatewayClient
-from asyncrl.trainer.adapter import AdapterConfig
 from asyncrl.trainer.checkpoints import LoopState, latest_checkpoint, save_checkpoint
-from asyncrl.trainer.data import PromptSource
-from asyncrl.trainer.loop import LoopSettings, StepLoop
-from asyncrl.trainer.metrics import MetricsSinks
+from asyncrl.trainer.loop import LoopSettings
 from asyncrl.trainer.preflight import check_checkpoint_resume
 from asyncrl.trainer.recovery import resume_decision, sharded_world_size
 from tests.gateway.conftest import RunningGateway, launch_gateway
 from tests.support.kube import run_manifest
 from tests.trainer.backends.verl_support import verl_manifest
-from tests.trainer.test_loop_checkpoints import RecordingBackend
+from tests.trainer.test_loop_checkpoints import RecordingBackend, loop_on
 
 
 @pytest.fixture
@@ -35,24 +31,6 @@ def gateway(tmp_path: Path) -> Iterator[RunningGateway]:
     running = launch_gateway([], tmp_path)
     yield running
     running.process.stop()
-
-
-def loop_of(
-    client: GatewayClient, backend: RecordingBackend, checkpoints: Path, *, world_size: int
-) -> StepLoop:
-    settings = LoopSettings(
-        window=AsyncSpec().window_config(train_batch_size=1, samples_per_prompt=2),
-        adapter=AdapterConfig(),
-        rollout_timeout_seconds=60,
-        total_steps=4,
-        checkpoint_dir=checkpoints,
-        checkpoint_every_steps=1,
-        world_size=world_size,
-    )
-    prompts = PromptSource([{"q": "a"}], shuffle=False, seed=0)
-    return StepLoop(
-        settings=settings, gateway=client, backend=backend, prompts=prompts, sinks=MetricsSinks([])
-    )
 
 
 def saved_with(checkpoints: Path, backend: RecordingBackend, *, world_size: int | None) -> None:
@@ -75,7 +53,7 @@ def recover(
 ) -> None:
     async def scenario() -> None:
         async with GatewayClient(gateway.url, gateway.key) as client:
-            await loop_of(client, backend, checkpoints, world_size=world_size).recover()
+            await loop_on(client, backend, checkpoints, every=1, world_size=world_size).recover()
 
     asyncio.run(scenario())
 
@@ -119,7 +97,7 @@ def test_the_loop_records_its_world_size_in_the_checkpoint(gateway: RunningGatew
 
     async def scenario() -> None:
         async with GatewayClient(gateway.url, gateway.key) as client:
-            loop = loop_of(client, backend, checkpoints, world_size=4)
+            loop = loop_on(client, backend, checkpoints, every=1, world_size=4)
             loop.step = 1
             await loop._save_checkpoint(consumed=())
 

@@ -64,7 +64,9 @@ def gateway(tmp_path: Path) -> Iterator[RunningGateway]:
     running.process.stop()
 
 
-def loop_on(gateway: GatewayClient, backend: Any, checkpoint_dir: Path, *, every: int) -> StepLoop:
+def loop_on(
+    gateway: GatewayClient, backend: Any, checkpoint_dir: Path, *, every: int, world_size: int | None = None
+) -> StepLoop:
     settings = LoopSettings(
         window=AsyncSpec().window_config(train_batch_size=1, samples_per_prompt=2),
         adapter=AdapterConfig(),
@@ -72,6 +74,7 @@ def loop_on(gateway: GatewayClient, backend: Any, checkpoint_dir: Path, *, every
         total_steps=4,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every_steps=every,
+        world_size=world_size,
     )
     prompts = PromptSource([{"q": "a"}], shuffle=False, seed=0)
     return StepLoop(
