@@ -13,25 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.testing.vllm_cpu import provisioned_venv
+
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 
 
 @pytest.fixture(scope="session")
 def verl_cpu_python() -> Path:
-    completed = subprocess.run(
-        [str(REPO / "scripts" / "provision-verl-cpu.sh"), "--check"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    if completed.returncode != 0:
+    venv = provisioned_venv(REPO / "scripts" / "provision-verl-cpu.sh")
+    if venv is None:
         message = "verl's CPU trainer environment is not provisioned here: run scripts/provision-verl-cpu.sh"
         if os.environ.get("ASYNCRL_REQUIRE_VERL_CPU") == "1":
             pytest.fail(f"{message} (ASYNCRL_REQUIRE_VERL_CPU=1: these tests must run)")
         pytest.skip(message)
-    return Path(completed.stdout.strip().splitlines()[-1]) / "bin" / "python"
+    return venv / "bin" / "python"
 
 
 @pytest.fixture(scope="session")

@@ -91,18 +91,20 @@ def engine_flags(engine_kwargs: Mapping[str, Any]) -> list[str]:
     return flags
 
 
-def find_vllm_venv(repo_root: Path) -> VllmVenv | None:
-    """The provisioned venv, or None when `scripts/provision-vllm-cpu.sh` has not built it on this machine."""
+def provisioned_venv(script: Path) -> Path | None:
+    """The venv a provisioning script (`scripts/provision-*.sh`, with `--check`) says it built, or None."""
     completed = subprocess.run(
-        [str(repo_root / "scripts" / "provision-vllm-cpu.sh"), "--check"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
+        [str(script), "--check"], capture_output=True, text=True, check=False, timeout=120
     )
     if completed.returncode != 0:
         return None
-    return VllmVenv(Path(completed.stdout.strip().splitlines()[-1]))
+    return Path(completed.stdout.strip().splitlines()[-1])
+
+
+def find_vllm_venv(repo_root: Path) -> VllmVenv | None:
+    """The provisioned venv, or None when `scripts/provision-vllm-cpu.sh` has not built it on this machine."""
+    directory = provisioned_venv(repo_root / "scripts" / "provision-vllm-cpu.sh")
+    return None if directory is None else VllmVenv(directory)
 
 
 @dataclass
